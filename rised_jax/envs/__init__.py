@@ -1,0 +1,56 @@
+"""The built-in multi-turn text environments and their registry.
+
+    env = rised_jax.envs.make("sokoban", boxes=2)   # difficulty knobs are keyword arguments
+    observation = env.reset(seed)
+    observation, reward, done, info = env.step("<answer>up</answer>")
+
+See `base.Environment` for the protocol and `parsing` for how replies are read.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from rised_jax.envs.base import Environment, Outcome
+from rised_jax.envs.countdown import Countdown
+from rised_jax.envs.frozenlake import FrozenLake
+from rised_jax.envs.household import Household
+from rised_jax.envs.maze import Maze
+from rised_jax.envs.parsing import format_answer
+from rised_jax.envs.sokoban import Sokoban
+from rised_jax.envs.wordle import Wordle
+
+_REGISTRY: dict[str, type[Environment]] = {
+    cls.name: cls for cls in (Sokoban, FrozenLake, Countdown, Wordle, Household, Maze)}
+
+
+def names() -> list[str]:
+  """The registered environment names."""
+  return sorted(_REGISTRY)
+
+
+def difficulty_keys(name: str) -> list[str]:
+  """The keyword arguments `make(name, ...)` accepts (including max_turns and shaping)."""
+  cls = _lookup(name)
+  return sorted(p.name for p in inspect.signature(cls.__init__).parameters.values()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def make(name: str, **difficulty: Any) -> Environment:
+  """A new environment; ValueError names any unknown environment or difficulty key."""
+  cls = _lookup(name)
+  valid = difficulty_keys(name)
+  unknown = sorted(set(difficulty) - set(valid))
+  if unknown:
+    raise ValueError(f"{name}: unknown difficulty key(s) {unknown}; valid keys: {valid}")
+  return cls(**difficulty)
+
+
+def _lookup(name: str) -> type[Environment]:
+  if not isinstance(name, str) or name not in _REGISTRY:
+    raise ValueError(f"unknown environment {name!r}; valid names: {names()}")
+  return _REGISTRY[name]
+
+
+__all__ = ["Environment", "Outcome", "format_answer", "make", "names", "difficulty_keys",
+           "Countdown", "FrozenLake", "Household", "Maze", "Sokoban", "Wordle"]
