@@ -1,0 +1,336 @@
+"""CriPO's array math (arXiv 2607.18082; ALGORITHMS.md §3), as pure functions over arrays.
+
+Two levels, one per place in the pipeline:
+
+- Group level (host, numpy; arrays shaped [groups, G, criteria]): weighted rubric reward, its GRPO
+  advantage (`learn.advantages.grpo`), unexplored criteria (UC), suppressed criteria (SC), the best
+  rollout y*, the rollouts that get a counterfactual teacher, and the per-sample diagnostics. These
+  decide which teacher contexts are built, so they run before batch assembly.
+- Token level (JAX, jit-able, vectorised over rows; arrays shaped [B, T]): the localisation mask of
+  the criterion-injection distillation, the counterfactual flip of per-token advantages, the β
+  warm-up and the token diagnostics. `learn.train_step` calls them on the per-token quantities of
+  its chunked scan.
+
+Definitions stated by the paper, and this implementation's choices ([C-choice], named options):
+
+- Reward R_i = Σ_j ω_j r_ij / Z. Z = Σ_j ω_j as in the paper (`normalizer="sum"`; pitfalls with
+  ω_j < 0 lower Z, and Z <= 0 is an error), or Σ_j |ω_j| ("abs"), or Σ_{ω_j>0} ω_j ("positive",
+  R = 1 when every positive criterion is met and no pitfall). [C-choice: the alternatives]
+- GRPO advantage A_i = (R_i − mean R) / (std R + eps) from `learn.advantages.grpo` (population
+  std; a group whose rewards are all equal gets A ≡ 0 exactly, so no rounding residue can make a
+  rollout "negative" and trigger the SC branch).
+- UC: C_u = {j : r_ij = 0 ∀ i}; if |C_u| > 3 keep the 3 largest ω_j, ties broken by the lower
+  criterion index (rubric order). Pitfalls (ω_j < 0) are excluded by default: a pitfall nobody
+  committed is a success, and a teacher told to "satisfy" it would teach the pitfall
+  (`include_pitfalls=True` admits them; they then rank last by weight). [C-choice]
+- SC (ω_j > 0 only): S_j = {i : r_ij = 1} non-empty and (Σ_{i∈S_j} A_i < 0, or Σ_{i∈S_j} A_i = 0
+  and |S_j| < G/2). Float equality: "= 0" means |Σ A| <= zero_tol and "< 0" means Σ A < −zero_tol
+  (default 1e-6; advantages are O(1)). |S_j| < G/2 is tested exactly as 2|S_j| < G.
+- y* = argmax_i A_i; ties go to the lowest rollout index (the earliest sampled).
+- Counterfactual rollouts: A_i < 0 and r_ij = 1 for at least one SC criterion j.
+- Localisation (per row): KL clamped to [0, kl_clamp]; among the row's response tokens (in order),
+  the first and last e = floor(edge_fraction · n) are masked (n response tokens; e may be 0); the
+  remaining tokens are sorted by clamped KL, descending, ties by position (earlier first); keep
+  the shortest prefix whose KL sum reaches γ · (total KL of the unmasked tokens). A row whose total
+  is 0 keeps nothing. Tokens with KL 0 are never needed, so never kept.
+- L_distill = mean KL over the kept tokens: `train_step`'s `distill_norm="kept-tokens"`.
+  [C-choice: normalisation]
+- Flip: on rows with a counterfactual teacher, token t flips when A_t < 0,
+  log p_S(y_t) − log p_T(y_t) > 0 and p_T(y_t) < α · max_v p_T(v) (both strict); flipped tokens get
+  A_t = τ_flip = +0.1.
+- β(step) = β · min(1, (step + 1) / warmup_steps) for step = 0, 1, ...: full β from step
+  warmup_steps − 1 on (step 49 with the paper's 50); warmup_steps = 0 means constant β.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fractions
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rised_jax.learn import advantages as advantages_lib
+
+REWARD_NORMALIZERS = ("sum", "abs", "positive")
+PAPER_BETA = {"qwen3-1.7b": 0.05, "qwen3-4b": 0.03}
+
+
+@dataclasses.dataclass(frozen=True)
+class CriPOGroupConfig:
+  """Options of the group-level stage (`analyse_groups`); defaults are the paper's.
+
+  The token-level hyperparameters (γ, KL clamp, edge fraction, α, τ_flip, β and its warm-up) are
+  keyword arguments of the token-level functions, set by the train step's static config.
+  """
+
+  reward_normalizer: str = "sum"
+  adv_eps: float = 1e-6
+  max_uc: int = 3
+  uc_include_pitfalls: bool = False
+  sc_zero_tol: float = 1e-6
+
+  def __post_init__(self):
+    if self.reward_normalizer not in REWARD_NORMALIZERS:
+      raise ValueError(f"cripo.reward_normalizer={self.reward_normalizer!r}; expected one of "
+                       f"{REWARD_NORMALIZERS}")
+    if isinstance(self.max_uc, bool) or not isinstance(self.max_uc, int) or self.max_uc < 0:
+      raise ValueError(f"cripo.max_uc={self.max_uc!r}; expected an integer >= 0")
+    for name in ("adv_eps", "sc_zero_tol"):
+      if not getattr(self, name) >= 0:
+        raise ValueError(f"cripo.{name}={getattr(self, name)!r}; expected a number >= 0")
+
+
+def _check_static_range(name: str, value: object, low: float, high: float) -> None:
+  """Rejects an out-of-range Python number before tracing; traced values pass through."""
+  if isinstance(value, (int, float)) and not low < value <= high:
+    raise ValueError(f"{name}={value}; expected {low} < {name} <= {high}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Group level (numpy).
+
+
+def pad_criteria(verdicts: Sequence[np.ndarray], weights: Sequence[np.ndarray]
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Stacks groups whose prompts have different numbers of criteria.
+
+  Args:
+    verdicts: per group, r_ij as [G, C_g] (0/1); every group has the same G.
+    weights: per group, ω as [C_g].
+  Returns:
+    verdicts [groups, G, C] float32, weights [groups, C] float32 and criterion_mask [groups, C]
+    bool, padded to C = max C_g (padding: r = 0, ω = 0, mask False).
+  """
+  if len(verdicts) != len(weights) or not verdicts:
+    raise ValueError(f"need one weight vector per group and at least one group; got {len(verdicts)} "
+                     f"verdict arrays and {len(weights)} weight vectors")
+  verdicts = [np.asarray(v, np.float32) for v in verdicts]
+  weights = [np.asarray(w, np.float32) for w in weights]
+  group_size = verdicts[0].shape[0]
+  for g, (v, w) in enumerate(zip(verdicts, weights)):
+    if v.ndim != 2 or w.ndim != 1 or v.shape != (group_size, w.shape[0]):
+      raise ValueError(f"group {g}: verdicts {v.shape} and weights {w.shape} do not match "
+                       f"[G={group_size}, C] and [C]")
+  num_criteria = max(w.shape[0] for w in weights)
+  padded_v = np.zeros((len(verdicts), group_size, num_criteria), np.float32)
+  padded_w = np.zeros((len(verdicts), num_criteria), np.float32)
+  mask = np.zeros((len(verdicts), num_criteria), bool)
+  for g, (v, w) in enumerate(zip(verdicts, weights)):
+    padded_v[g, :, :w.shape[0]] = v
+    padded_w[g, :w.shape[0]] = w
+    mask[g, :w.shape[0]] = True
+  return padded_v, padded_w, mask
+
+
+def _validated(verdicts, weights, criterion_mask):
+  """float64 verdicts (0 where masked), float64 weights (0 where masked), bool mask."""
+  verdicts = np.asarray(verdicts, np.float64)
+  weights = np.asarray(weights, np.float64)
+  if verdicts.ndim != 3 or weights.shape != (verdicts.shape[0], verdicts.shape[2]):
+    raise ValueError(f"verdicts must be [groups, G, C] and weights [groups, C]; got {verdicts.shape} "
+                     f"and {weights.shape}")
+  mask = (np.ones(weights.shape, bool) if criterion_mask is None
+          else np.asarray(criterion_mask, bool))
+  if mask.shape != weights.shape:
+    raise ValueError(f"criterion_mask {mask.shape} must match weights {weights.shape}")
+  verdicts = np.where(mask[:, None, :], verdicts, 0.0)
+  if not np.isin(verdicts, (0.0, 1.0)).all():
+    raise ValueError("verdicts r_ij must be 0 or 1")
+  if not np.isfinite(weights).all():
+    raise ValueError("weights must be finite")
+  return verdicts, np.where(mask, weights, 0.0), mask
+
+
+def weighted_rewards(verdicts: np.ndarray, weights: np.ndarray, criterion_mask: np.ndarray | None = None,
+                     normalizer: str = "sum") -> np.ndarray:
+  """R_i = Σ_j ω_j r_ij / Z per rollout, float32 [groups, G] (Z: see the module docstring)."""
+  verdicts, weights, _ = _validated(verdicts, weights, criterion_mask)
+  if normalizer == "sum":
+    denominator = weights.sum(-1)
+  elif normalizer == "abs":
+    denominator = np.abs(weights).sum(-1)
+  elif normalizer == "positive":
+    denominator = np.clip(weights, 0.0, None).sum(-1)
+  else:
+    raise ValueError(f"normalizer={normalizer!r}; expected one of {REWARD_NORMALIZERS}")
+  bad = np.flatnonzero(denominator <= 0)
+  if bad.size:
+    g = int(bad[0])
+    raise ValueError(f"group {g}: reward normaliser {normalizer!r} gives {denominator[g]:g} <= 0 for weights "
+                     f"{weights[g].tolist()}; use normalizer 'positive' or 'abs' for such rubrics")
+  return (np.einsum("gic,gc->gi", verdicts, weights) / denominator[:, None]).astype(np.float32)
+
+
+def unexplored_criteria(verdicts: np.ndarray, weights: np.ndarray, criterion_mask: np.ndarray | None = None,
+                        max_uc: int = 3, include_pitfalls: bool = False) -> np.ndarray:
+  """UC mask, bool [groups, C]: criteria no rollout met, at most max_uc per group.
+
+  Kept: the largest weights; among equal weights the lower criterion index.
+  """
+  verdicts, weights, mask = _validated(verdicts, weights, criterion_mask)
+  candidates = mask & (verdicts.sum(1) == 0)
+  if not include_pitfalls:
+    candidates &= weights > 0
+  # Stable sort of −ω puts larger weights first and keeps rubric order among equal weights.
+  sort_key = np.where(candidates, -weights, np.inf)
+  order = np.argsort(sort_key, axis=-1, kind="stable")
+  rank = np.argsort(order, axis=-1, kind="stable")
+  return candidates & (rank < max_uc)
+
+
+def suppressed_criteria(verdicts: np.ndarray, weights: np.ndarray, advantages: np.ndarray,
+                        criterion_mask: np.ndarray | None = None, zero_tol: float = 1e-6) -> np.ndarray:
+  """SC mask, bool [groups, C] (rule and float tolerance in the module docstring)."""
+  verdicts, weights, mask = _validated(verdicts, weights, criterion_mask)
+  advantages = np.asarray(advantages, np.float64)
+  if advantages.shape != verdicts.shape[:2]:
+    raise ValueError(f"advantages {advantages.shape} must be [groups, G] = {verdicts.shape[:2]}")
+  group_size = verdicts.shape[1]
+  satisfied = verdicts.sum(1)                                  # |S_j|
+  advantage_sum = np.einsum("gic,gi->gc", verdicts, advantages)  # Σ_{i∈S_j} A_i
+  negative = advantage_sum < -zero_tol
+  tie_minority = (np.abs(advantage_sum) <= zero_tol) & (2 * satisfied < group_size)
+  return mask & (weights > 0) & (satisfied > 0) & (negative | tie_minority)
+
+
+def best_rollout(advantages: np.ndarray) -> np.ndarray:
+  """y*: index of the highest-advantage rollout per group, int [groups]; ties: lowest index."""
+  advantages = np.asarray(advantages)
+  if advantages.ndim != 2:
+    raise ValueError(f"advantages must be [groups, G]; got {advantages.shape}")
+  return np.argmax(advantages, axis=-1)
+
+
+def counterfactual_rollouts(verdicts: np.ndarray, sc_mask: np.ndarray, advantages: np.ndarray) -> np.ndarray:
+  """Rollouts that get a counterfactual teacher, bool [groups, G]: A_i < 0 and ≥ 1 SC met."""
+  verdicts = np.asarray(verdicts) > 0
+  meets_sc = (verdicts & np.asarray(sc_mask, bool)[:, None, :]).any(-1)
+  return meets_sc & (np.asarray(advantages) < 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupAnalysis:
+  """Everything CriPO decides per group before the batch is assembled."""
+
+  rewards: np.ndarray          # [groups, G] R_i
+  advantages: np.ndarray       # [groups, G] A_i
+  uc_mask: np.ndarray          # [groups, C] criteria for the injection teacher
+  sc_mask: np.ndarray          # [groups, C]
+  best: np.ndarray             # [groups] y* index (its teacher applies only where uc_mask.any())
+  cf_rollouts: np.ndarray      # [groups, G] rollouts that get a counterfactual teacher
+  cf_criteria: np.ndarray      # [groups, G, C] the SC criteria each of those rollouts meets
+
+
+def analyse_groups(verdicts: np.ndarray, weights: np.ndarray, criterion_mask: np.ndarray | None,
+                   config: CriPOGroupConfig) -> GroupAnalysis:
+  """Runs the group-level definitions in order: reward, advantage, UC, SC, y*, SC targets."""
+  rewards = weighted_rewards(verdicts, weights, criterion_mask, config.reward_normalizer)
+  advantages = np.asarray(advantages_lib.grpo(rewards, eps=config.adv_eps))
+  uc = unexplored_criteria(verdicts, weights, criterion_mask, config.max_uc, config.uc_include_pitfalls)
+  sc = suppressed_criteria(verdicts, weights, advantages, criterion_mask, config.sc_zero_tol)
+  cf = counterfactual_rollouts(verdicts, sc, advantages)
+  cf_criteria = (np.asarray(verdicts) > 0) & sc[:, None, :] & cf[:, :, None]
+  return GroupAnalysis(rewards, advantages, uc, sc, best_rollout(advantages), cf, cf_criteria)
+
+
+def group_diagnostics(uc_mask: np.ndarray, sc_mask: np.ndarray) -> dict[str, float]:
+  """Per-sample rates; a sample is one prompt (its group of G rollouts), where UC/SC live."""
+  uc_mask, sc_mask = np.asarray(uc_mask, bool), np.asarray(sc_mask, bool)
+  return {
+      "cripo/frac_samples_with_uc": float(uc_mask.any(-1).mean()),
+      "cripo/frac_samples_with_sc": float(sc_mask.any(-1).mean()),
+      "cripo/sc_per_sample": float(sc_mask.sum(-1).mean()),
+  }
+
+
+# ---------------------------------------------------------------------------------------------
+# Token level (JAX).
+
+
+def _edge_ratio(edge_fraction: float) -> fractions.Fraction:
+  """edge_fraction as an exact ratio, so floor(edge_fraction · n) is integer arithmetic."""
+  if not 0.0 <= edge_fraction < 0.5:
+    raise ValueError(f"edge_fraction={edge_fraction}; expected 0 <= edge_fraction < 0.5")
+  ratio = fractions.Fraction(edge_fraction).limit_denominator(1000)
+  if abs(float(ratio) - edge_fraction) > 1e-12:
+    raise ValueError(f"edge_fraction={edge_fraction} is not a ratio with denominator <= 1000 (e.g. 0.01)")
+  return ratio
+
+
+def localisation_mask(kl: jnp.ndarray, response_mask: jnp.ndarray, *, gamma: float = 0.95,
+                      kl_clamp: float = 10.0, edge_fraction: float = 0.01) -> jnp.ndarray:
+  """Tokens kept for the injection distillation, bool [B, T] (rule in the module docstring).
+
+  Args:
+    kl: per-token forward KL(p_T ‖ p_S) [B, T], finite.
+    response_mask: [B, T], nonzero on the response tokens of the rows being distilled.
+    gamma, kl_clamp: may be traced; edge_fraction is a Python float (static).
+  """
+  ratio = _edge_ratio(edge_fraction)
+  _check_static_range("gamma", gamma, 0.0, 1.0)
+  _check_static_range("kl_clamp", kl_clamp, 0.0, float("inf"))
+  response = response_mask > 0
+  count = response.sum(-1, keepdims=True)                     # n
+  position = jnp.cumsum(response, axis=-1) - 1                # index among the response tokens
+  edge = (count * ratio.numerator) // ratio.denominator       # floor(edge_fraction · n)
+  eligible = response & (position >= edge) & (position < count - edge)
+  values = jnp.where(eligible, jnp.clip(kl, 0.0, kl_clamp), 0.0)
+  order = jnp.argsort(values, axis=-1, descending=True, stable=True)
+  prefix = jnp.cumsum(jnp.take_along_axis(values, order, axis=-1), axis=-1)
+  total = prefix[:, -1:]
+  # The shortest prefix reaching γ·total has length 1 + #{k : prefix_k < γ·total}.
+  keep_count = jnp.where(total > 0, jnp.sum(prefix < gamma * total, axis=-1, keepdims=True) + 1, 0)
+  rank = jnp.argsort(order, axis=-1)                          # sorted position of each token
+  return rank < keep_count
+
+
+def counterfactual_flips(student_logprobs: jnp.ndarray, teacher_logprobs: jnp.ndarray,
+                         teacher_max_logprobs: jnp.ndarray, advantages: jnp.ndarray, cf_mask: jnp.ndarray,
+                         *, alpha: float = 0.1, tau_flip: float = 0.1) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """Edits per-token advantages with the counterfactual teacher; all inputs [B, T].
+
+  Args:
+    student_logprobs: log p_S(y_t) under the student context.
+    teacher_logprobs: log p_T(y_t) under the counterfactual teacher context.
+    teacher_max_logprobs: log max_v p_T(v) at the same position.
+    advantages: per-token A_t.
+    cf_mask: nonzero on the response tokens of the rollouts with a counterfactual teacher.
+  Returns:
+    (edited advantages, bool flip mask): flipped tokens carry tau_flip, others keep A_t.
+  """
+  _check_static_range("alpha", alpha, 0.0, 1.0)
+  flip = ((cf_mask > 0) & (advantages < 0)
+          & (student_logprobs - teacher_logprobs > 0)
+          & (teacher_logprobs - teacher_max_logprobs < jnp.log(alpha)))
+  return jnp.where(flip, jnp.asarray(tau_flip, advantages.dtype), advantages), flip
+
+
+def beta_schedule(step: jax.typing.ArrayLike, beta: float, warmup_steps: int = 50) -> jnp.ndarray:
+  """β(step) = β · min(1, (step + 1) / warmup_steps); constant β when warmup_steps is 0."""
+  if warmup_steps < 0:
+    raise ValueError(f"warmup_steps={warmup_steps}; expected an integer >= 0")
+  if warmup_steps == 0:
+    return jnp.asarray(beta, jnp.float32)
+  ramp = (jnp.asarray(step, jnp.float32) + 1.0) / warmup_steps
+  return jnp.asarray(beta, jnp.float32) * jnp.clip(ramp, 0.0, 1.0)
+
+
+def token_diagnostics(keep_mask: jnp.ndarray, localised_response_mask: jnp.ndarray, flip_mask: jnp.ndarray,
+                      cf_mask: jnp.ndarray, response_mask: jnp.ndarray) -> dict[str, jnp.ndarray]:
+  """Token fractions (0 when the denominator is empty), all inputs [B, T].
+
+  kept: kept tokens / response tokens of the distilled rows (localised_response_mask);
+  flipped: flipped tokens / tokens of the counterfactual rows (cf_mask), and / all response tokens.
+  """
+  def fraction(numerator, denominator):
+    numerator = jnp.sum(numerator > 0).astype(jnp.float32)
+    denominator = jnp.sum(denominator > 0).astype(jnp.float32)
+    return jnp.where(denominator > 0, numerator / jnp.maximum(denominator, 1.0), 0.0)
+
+  return {
+      "cripo/frac_tokens_kept": fraction(keep_mask, localised_response_mask),
+      "cripo/frac_cf_tokens_flipped": fraction(flip_mask, cf_mask),
+      "cripo/frac_response_tokens_flipped": fraction(flip_mask, response_mask),
+  }

@@ -1,0 +1,186 @@
+"""Rubric tasks (CriPO prompts): the format, the JSONL loader, the built-in set and the checker.
+
+One task per JSONL line:
+
+  {"id": "sky-blue",                          unique in the file
+   "prompt": "Explain why the sky is blue in 2-4 sentences.",
+   "domain": "physics",                        optional free-form label
+   "criteria": [                               at least one; ids unique within the task
+     {"id": "scattering", "text": "Attributes the colour to scattering by air molecules.",
+      "weight": 3, "check": {"type": "keywords", ...}},
+     {"id": "ocean-myth", "text": "Claims the sky reflects the ocean.",
+      "weight": -2, "check": {"type": "claim", ...}}],        negative weight: a pitfall
+   "reference": "..."}                         optional reference answer
+
+Weights are finite and non-zero; a task needs at least one positive weight. The check specs are
+described in `rubric_tasks.checks`. Errors name the file, the line and the key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from rised_jax import types
+from rised_jax.rubric_tasks import checks as checks_lib
+from rised_jax.rubric_tasks import text as text_lib
+from rised_jax.rubric_tasks.checks import RubricFormatError
+
+BUILTIN_PATH = os.path.join(os.path.dirname(__file__), "data", "science_medicine.jsonl")
+BUILTIN_NAME = "rubric_science_medicine"
+
+
+@dataclasses.dataclass(frozen=True)
+class Criterion:
+  """One rubric criterion c_j with weight ω_j (negative for a pitfall)."""
+
+  id: str
+  text: str
+  weight: float
+  check: checks_lib.Check
+
+  @property
+  def is_pitfall(self) -> bool:
+    return self.weight < 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RubricTask:
+  """One open-ended question with its weighted, machine-checkable criteria."""
+
+  id: str
+  prompt: str
+  criteria: tuple[Criterion, ...]
+  reference: str | None = None
+  domain: str | None = None
+
+  @property
+  def weights(self) -> np.ndarray:
+    """ω as float32 [num_criteria]."""
+    return np.asarray([c.weight for c in self.criteria], np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class RubricTaskSet:
+  """A named list of rubric tasks; `types.Task(env=name, seed=index)` refers to one of them."""
+
+  name: str
+  tasks: tuple[RubricTask, ...]
+
+  def __len__(self) -> int:
+    return len(self.tasks)
+
+  def as_task(self, index: int) -> types.Task:
+    if not 0 <= index < len(self.tasks):
+      raise IndexError(f"task index {index} out of range for {self.name!r} ({len(self.tasks)} tasks)")
+    return types.Task(env=self.name, seed=index, difficulty={"id": self.tasks[index].id})
+
+  def lookup(self, task: types.Task) -> RubricTask:
+    if task.env != self.name:
+      raise KeyError(f"task {task.key!r} does not belong to the rubric task set {self.name!r}")
+    if not 0 <= task.seed < len(self.tasks):
+      raise KeyError(f"task {task.key!r}: seed out of range for {self.name!r} ({len(self.tasks)} tasks)")
+    return self.tasks[task.seed]
+
+
+def _string(obj: dict[str, Any], key: str, where: str) -> str:
+  value = obj[key]
+  if not isinstance(value, str) or not value.strip():
+    raise RubricFormatError(f"{where}.{key}: expected a non-empty string, got {value!r}")
+  return value
+
+
+def _parse_criterion(obj: Any, where: str) -> Criterion:
+  if not isinstance(obj, dict):
+    raise RubricFormatError(f"{where}: expected a criterion object, got {obj!r}")
+  missing = sorted({"id", "text", "weight", "check"} - obj.keys())
+  if missing:
+    raise RubricFormatError(f"{where}: missing key(s) {missing}")
+  unknown = sorted(obj.keys() - {"id", "text", "weight", "check"})
+  if unknown:
+    raise RubricFormatError(f"{where}: unknown key(s) {unknown}; expected ['check', 'id', 'text', 'weight']")
+  weight = obj["weight"]
+  if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight)
+      or weight == 0):
+    raise RubricFormatError(f"{where}.weight: expected a finite non-zero number, got {weight!r}")
+  return Criterion(id=_string(obj, "id", where), text=_string(obj, "text", where), weight=float(weight),
+                   check=checks_lib.parse_check(obj["check"], f"{where}.check"))
+
+
+def parse_task(obj: Any, where: str) -> RubricTask:
+  """Validates one task object (module docstring); errors start with `where`."""
+  if not isinstance(obj, dict):
+    raise RubricFormatError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+  required, optional = {"id", "prompt", "criteria"}, {"reference", "domain"}
+  missing = sorted(required - obj.keys())
+  if missing:
+    raise RubricFormatError(f"{where}: missing key(s) {missing}")
+  unknown = sorted(obj.keys() - required - optional)
+  if unknown:
+    raise RubricFormatError(f"{where}: unknown key(s) {unknown}; expected {sorted(required | optional)}")
+  task_id = _string(obj, "id", where)
+  criteria_json = obj["criteria"]
+  if not isinstance(criteria_json, list) or not criteria_json:
+    raise RubricFormatError(f"{where}.criteria: expected a non-empty list, got {criteria_json!r}")
+  criteria = tuple(_parse_criterion(c, f"{where}.criteria[{i}]") for i, c in enumerate(criteria_json))
+  seen = set()
+  for i, criterion in enumerate(criteria):
+    if criterion.id in seen:
+      raise RubricFormatError(f"{where}.criteria[{i}].id: duplicate criterion id {criterion.id!r}")
+    seen.add(criterion.id)
+  if not any(c.weight > 0 for c in criteria):
+    raise RubricFormatError(f"{where}.criteria: task {task_id!r} needs at least one positive weight")
+  return RubricTask(
+      id=task_id, prompt=_string(obj, "prompt", where), criteria=criteria,
+      reference=_string(obj, "reference", where) if "reference" in obj else None,
+      domain=_string(obj, "domain", where) if "domain" in obj else None)
+
+
+def load_jsonl(path: str | os.PathLike[str], name: str | None = None) -> RubricTaskSet:
+  """Loads and validates a task file; blank lines are skipped. Errors say file:line: key."""
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"rubric task file {path!r} does not exist")
+  tasks, first_line = [], {}
+  with open(path, encoding="utf-8") as f:
+    for line_number, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      where = f"{path}:{line_number}"
+      try:
+        obj = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise RubricFormatError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+      task = parse_task(obj, where)
+      if task.id in first_line:
+        raise RubricFormatError(
+            f"{where}.id: duplicate task id {task.id!r} (first defined on line {first_line[task.id]})")
+      first_line[task.id] = line_number
+      tasks.append(task)
+  if not tasks:
+    raise RubricFormatError(f"{path}: no tasks in the file")
+  return RubricTaskSet(name or os.path.splitext(os.path.basename(path))[0], tuple(tasks))
+
+
+def builtin_task_set() -> RubricTaskSet:
+  """The shipped offline set of short science and medicine explanation tasks."""
+  return load_jsonl(BUILTIN_PATH, name=BUILTIN_NAME)
+
+
+def check(task: RubricTask, answer_text: str) -> np.ndarray:
+  """The deterministic judge: r_j ∈ {0, 1} per criterion, float32 [num_criteria].
+
+  For a pitfall (negative weight) 1 means the answer commits it.
+  """
+  answer = text_lib.Answer(answer_text)
+  return np.asarray([c.check.holds(answer) for c in task.criteria], np.float32)
+
+
+def check_group(task: RubricTask, answers: Sequence[str]) -> np.ndarray:
+  """r_ij for the G answers of one group: float32 [G, num_criteria]."""
+  return np.stack([check(task, a) for a in answers]) if answers else np.zeros(
+      (0, len(task.criteria)), np.float32)
