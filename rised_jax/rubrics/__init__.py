@@ -1,0 +1,30 @@
+"""Rubric vocabulary, judges and tag profiles (ALGORITHMS.md §2.2–2.3)."""
+from __future__ import annotations
+
+from typing import Any
+
+from rised_jax.rubrics import registry
+from rised_jax.rubrics.judge import Judge, JudgeError, JudgeStats, LLMJudge, RemoteJudge
+from rised_jax.rubrics.llm_judges import GeminiJudge, InProcessJudge, OpenAICompatibleJudge
+from rised_jax.rubrics.parsing import parse_verdict
+from rised_jax.rubrics.profiles import pool_profiles, tag_frequencies
+from rised_jax.rubrics.prompt import JudgePrompt
+from rised_jax.rubrics.rule_judge import RuleBasedJudge
+from rised_jax.rubrics.vocabulary import RubricEntry, Vocabulary, VocabularyError
+
+__all__ = [
+    "GeminiJudge", "InProcessJudge", "JUDGES", "Judge", "JudgeError", "JudgePrompt",
+    "JudgeStats", "LLMJudge", "OpenAICompatibleJudge", "RemoteJudge", "RubricEntry",
+    "RuleBasedJudge", "Vocabulary", "VocabularyError", "make_judge", "parse_verdict",
+    "pool_profiles", "tag_frequencies",
+]
+
+JUDGES: dict[str, type[Judge]] = {
+    cls.backend: cls for cls in (RuleBasedJudge, GeminiJudge, OpenAICompatibleJudge,
+                                 InProcessJudge)
+}
+
+
+def make_judge(name: str, vocab: Vocabulary, **options: Any) -> Judge:
+  """A judge by backend name ("rules", "genai", "openai", "inprocess") with its options."""
+  return registry.build("judge", JUDGES, name, vocab, **options)

@@ -1,0 +1,165 @@
+"""The rule-based judge: tags from the environments' event traces (offline default).
+
+Deterministic and free. Each built-in tag id has one rule over the trajectory's turns
+(`Turn.events`, values of `rised_jax.types.Event`, and `Turn.invalid`) and its outcome.
+A turn is *invalid* when it reports `invalid_action`, or `Turn.invalid` is set and it does not
+report `unknown_object` (environments also refuse to execute actions on unknown objects: that
+is a hallucination, not a syntax error); *ineffective* when it is invalid or reports
+`no_effect`; *wasted* when it is ineffective or reports `repeated_action`, `regress` or
+`unknown_object`; a *mistake* when it is ineffective or reports `regress` or `unknown_object`.
+
+| tag id                       | pol. | applies when |
+| ---------------------------- | ---- | ------------ |
+| valid_syntax                 | +    | at least one turn and no invalid turn |
+| makes_progress               | +    | at least `progress_min_fraction` (0.5) of the turns report `progress` or `success` |
+| uses_feedback                | +    | some turn reports `used_feedback` and none `ignored_feedback` |
+| recovers_from_mistakes       | +    | a mistake is followed, in a later turn, by `progress` or `success` |
+| efficient                    | +    | the episode succeeded with at most `efficient_max_wasted_turns` (0) wasted turns |
+| checks_before_irreversible   | +    | no rule: no event reveals it (only LLM judges set it) |
+| repeats_ineffective_action   | -    | a turn reports `repeated_action` and it, or the turn before it, is ineffective |
+| malformed_action             | -    | some turn is invalid |
+| hallucinated_object          | -    | some turn reports `unknown_object` |
+| gave_up                      | -    | some turn reports `gave_up`; or the episode failed, was not truncated, reported no `irreversible_failure`, and its last turn is not `done` (the agent stopped on its own), or it has no turn |
+| ignores_feedback             | -    | some turn reports `ignored_feedback` |
+| irreversible_losing_step     | -    | some turn reports `irreversible_failure` |
+| loses_ground                 | -    | more turns report `regress` than `progress` |
+
+A vocabulary without some of these ids simply never gets them; a vocabulary with none of
+them is refused. Rule-based verdicts are never untagged.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Sequence
+
+import numpy as np
+
+from rised_jax.rubrics.judge import Judge, JudgeStats
+from rised_jax.rubrics.vocabulary import Vocabulary
+from rised_jax.types import Event, Trajectory, Turn, Verdict
+
+log = logging.getLogger(__name__)
+
+Events = list[frozenset[str]]   # per turn, the event names
+
+# Besides ineffective turns (invalid or no_effect), which are both mistakes and waste:
+_MISTAKE_EVENTS = frozenset({Event.REGRESS.value, Event.UNKNOWN_OBJECT.value})
+_WASTE_EVENTS = _MISTAKE_EVENTS | {Event.REPEATED_ACTION.value}
+_ADVANCE_EVENTS = frozenset({Event.PROGRESS.value, Event.SUCCESS.value})
+
+
+def event_names(turn: Turn) -> frozenset[str]:
+  """The turn's events as plain strings (environments may report `Event` members or values)."""
+  return frozenset(e.value if isinstance(e, Event) else str(e) for e in turn.events)
+
+
+class RuleBasedJudge(Judge):
+  """Tags rollouts by the rules in this module's table."""
+
+  backend = "rules"
+
+  def __init__(self, vocab: Vocabulary, progress_min_fraction: float = 0.5,
+               efficient_max_wasted_turns: int = 0):
+    super().__init__(vocab)
+    if not 0.0 < progress_min_fraction <= 1.0:
+      raise ValueError(f"rules judge: progress_min_fraction={progress_min_fraction}; expected a "
+                       "fraction in (0, 1]")
+    if efficient_max_wasted_turns < 0:
+      raise ValueError(f"rules judge: efficient_max_wasted_turns={efficient_max_wasted_turns}; "
+                       "expected >= 0")
+    self.progress_min_fraction = progress_min_fraction
+    self.efficient_max_wasted_turns = efficient_max_wasted_turns
+    rules: dict[str, Callable[[Trajectory, Events], bool]] = {
+        "valid_syntax": self._valid_syntax,
+        "makes_progress": self._makes_progress,
+        "uses_feedback": self._uses_feedback,
+        "recovers_from_mistakes": self._recovers_from_mistakes,
+        "efficient": self._efficient,
+        "repeats_ineffective_action": self._repeats_ineffective_action,
+        "malformed_action": self._malformed_action,
+        "hallucinated_object": self._hallucinated_object,
+        "gave_up": self._gave_up,
+        "ignores_feedback": self._ignores_feedback,
+        "irreversible_losing_step": self._irreversible_losing_step,
+        "loses_ground": self._loses_ground,
+    }
+    self.rules = {tag: rule for tag, rule in rules.items() if tag in vocab.ids}
+    if not self.rules:
+      raise ValueError(f"rules judge: vocabulary {vocab.source} has none of the ids it has rules "
+                       f"for; expected some of {sorted(rules)}")
+    without_rule = [t for t in vocab.ids if t not in self.rules]
+    if without_rule:
+      log.info("rules judge: no rule for %s; these tags are never set", without_rule)
+
+  def verdict(self, traj: Trajectory) -> Verdict:
+    events = [event_names(t) for t in traj.turns]
+    tags = np.zeros(len(self.vocab), np.float32)
+    for tag, rule in self.rules.items():
+      if rule(traj, events):
+        tags[self.vocab.index(tag)] = 1.0
+    return Verdict(tags=tags)
+
+  def judge_trajectories(self, trajectories: Sequence[Trajectory]
+                         ) -> tuple[list[Verdict], JudgeStats]:
+    return [self.verdict(t) for t in trajectories], JudgeStats(judged=len(trajectories))
+
+  @staticmethod
+  def _invalid(turn: Turn, events: frozenset[str]) -> bool:
+    return Event.INVALID_ACTION.value in events or (
+        turn.invalid and Event.UNKNOWN_OBJECT.value not in events)
+
+  def _ineffective(self, turn: Turn, events: frozenset[str]) -> bool:
+    return self._invalid(turn, events) or Event.NO_EFFECT.value in events
+
+  def _valid_syntax(self, traj: Trajectory, events: Events) -> bool:
+    return bool(traj.turns) and not self._malformed_action(traj, events)
+
+  def _makes_progress(self, traj: Trajectory, events: Events) -> bool:
+    advancing = sum(bool(e & _ADVANCE_EVENTS) for e in events)
+    return bool(events) and advancing >= self.progress_min_fraction * len(events)
+
+  def _uses_feedback(self, traj: Trajectory, events: Events) -> bool:
+    return (any(Event.USED_FEEDBACK.value in e for e in events)
+            and not self._ignores_feedback(traj, events))
+
+  def _recovers_from_mistakes(self, traj: Trajectory, events: Events) -> bool:
+    mistake_seen = False
+    for turn, e in zip(traj.turns, events):
+      if mistake_seen and e & _ADVANCE_EVENTS:
+        return True
+      mistake_seen |= self._ineffective(turn, e) or bool(e & _MISTAKE_EVENTS)
+    return False
+
+  def _efficient(self, traj: Trajectory, events: Events) -> bool:
+    wasted = sum(self._ineffective(t, e) or bool(e & _WASTE_EVENTS)
+                 for t, e in zip(traj.turns, events))
+    return traj.success and wasted <= self.efficient_max_wasted_turns
+
+  def _repeats_ineffective_action(self, traj: Trajectory, events: Events) -> bool:
+    return any(Event.REPEATED_ACTION.value in events[i]
+               and (self._ineffective(traj.turns[i], events[i])
+                    or (i > 0 and self._ineffective(traj.turns[i - 1], events[i - 1])))
+               for i in range(len(events)))
+
+  def _malformed_action(self, traj: Trajectory, events: Events) -> bool:
+    return any(self._invalid(t, e) for t, e in zip(traj.turns, events))
+
+  def _hallucinated_object(self, traj: Trajectory, events: Events) -> bool:
+    return any(Event.UNKNOWN_OBJECT.value in e for e in events)
+
+  def _gave_up(self, traj: Trajectory, events: Events) -> bool:
+    if any(Event.GAVE_UP.value in e for e in events):
+      return True
+    stopped_on_its_own = not traj.turns or not traj.turns[-1].done
+    return (not traj.success and not traj.truncated and stopped_on_its_own
+            and not self._irreversible_losing_step(traj, events))
+
+  def _ignores_feedback(self, traj: Trajectory, events: Events) -> bool:
+    return any(Event.IGNORED_FEEDBACK.value in e for e in events)
+
+  def _irreversible_losing_step(self, traj: Trajectory, events: Events) -> bool:
+    return any(Event.IRREVERSIBLE_FAILURE.value in e for e in events)
+
+  def _loses_ground(self, traj: Trajectory, events: Events) -> bool:
+    return (sum(Event.REGRESS.value in e for e in events)
+            > sum(Event.PROGRESS.value in e for e in events))

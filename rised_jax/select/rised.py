@@ -1,0 +1,187 @@
+"""RISED's profile-guided group selection (ALGORITHMS.md §2.4).
+
+Profile of a group: φ_g = the mean tag vector of its tagged rollouts (zeros when none is
+tagged), optionally ⊕ its success rate. Pool composition: φ̄ = the mean φ_g over the groups
+with at least one tagged rollout (over all groups when none has one). B groups are chosen
+greedily; ties are broken by a per-step random order, so identical profiles are not biased
+toward the front of the pool.
+
+Objectives (`objective`), with S the groups chosen so far and `redundancy(g) = max_{s∈S}
+sim(φ_g, φ_s)` (0 while S is empty):
+- "mmr" (default), maximal marginal relevance:
+      argmax_g  sim(φ_g, φ̄) − λ·redundancy(g)
+- "composition", composition matching:
+      argmin_g  ‖mean_{S∪{g}} φ − φ̄‖² + λ·redundancy(g)
+Both subtract / add `history_penalty(g)` when a history reading is on (below).
+
+Options — every one is this project's reconstruction **[R-choice]**:
+
+| option          | default   | alternatives           | meaning |
+| --------------- | --------- | ---------------------- | ------- |
+| objective       | "mmr"     | "composition"          | the greedy objective above |
+| lam             | None: 2.0 for "mmr", 0.01 for "composition" | any float ≥ 0 | λ, weight of redundancy (cosine, in [0, 1]). λ = 0 makes MMR pure alignment (top-B by sim(φ_g, φ̄)). The defaults are scaled to each objective's units: a squared distance between tag means is ~0.01–0.3, a similarity ~0.5–1 |
+| similarity      | "cosine"  | "dot"                  | sim(a, b); cosine of a zero vector is 0 |
+| with_success    | False     | True                   | append the group's success rate to φ_g |
+| history         | "none"    | "task", "profile"      | what "already-selected data" means: "none" = only the groups already in this step's S (the λ term); "task" = tasks (env, seed) chosen in recent steps; "profile" = profiles similar to those chosen in recent steps |
+| history_weight  | 0.5       | any float ≥ 0          | μ, weight of the history penalty |
+| history_decay   | 0.5       | (0, 1]                 | γ: a choice made d steps ago weighs γ^d |
+| history_window  | 8         | int ≥ 1                | steps a choice is remembered |
+
+History penalties: "task": μ·γ^(t − t_last(task)) if the group's task was chosen at step
+t_last within the window; "profile": μ·max_{(t_h, φ_h)} γ^(t − t_h)·sim(φ_g, φ_h) over the
+remembered chosen profiles. The memory is updated with this step's choice and saved by
+`state_dict()`.
+
+What the objectives achieve (tests/test_select.py, random pools of 32–64 groups over 13
+tags): composition matching brings the chosen mean profile far closer to φ̄ than random
+subsets do for B up to ~3/4 of the pool; MMR with the default λ = 2 is also closer than random
+for B ≤ K/4, but MMR aligns directions, not the mean, so with B near K (or λ ≤ 1) random
+subsets can be closer. As B → K every subset's mean approaches φ̄ and no greedy choice gains
+much (greedy forward selection is at parity with random at B = K − 1).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from rised_jax.rubrics.profiles import has_tagged_rollout, pool_profiles
+from rised_jax.select.base import Selector, argmax_with_ties, check_choice
+from rised_jax.types import Group
+
+
+def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """Pairwise cosine similarity of the rows of a [N, D] and b [M, D]; 0 for zero rows."""
+  def unit(x):
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    return np.divide(x, norms, out=np.zeros_like(x, dtype=np.float64), where=norms > 0)
+  return unit(np.asarray(a, np.float64)) @ unit(np.asarray(b, np.float64)).T
+
+
+def pairwise_similarity(kind: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  if kind == "cosine":
+    return cosine_similarity(a, b)
+  return np.asarray(a, np.float64) @ np.asarray(b, np.float64).T
+
+
+def greedy_select(profiles: np.ndarray, target: np.ndarray, batch_size: int, objective: str,
+                  lam: float, sim: str, penalty: np.ndarray, order: np.ndarray) -> list[int]:
+  """Greedy MMR / composition matching over profiles [K, D] toward `target` [D].
+
+  `penalty` [K] is subtracted from every score (history); `order` breaks ties.
+  """
+  num_groups = len(profiles)
+  pairwise = pairwise_similarity(sim, profiles, profiles)
+  alignment = pairwise_similarity(sim, profiles, target[None])[:, 0]
+  redundancy = np.zeros(num_groups)
+  available = np.ones(num_groups, bool)
+  total = np.zeros(profiles.shape[1])
+  chosen: list[int] = []
+  for _ in range(min(batch_size, num_groups)):
+    if objective == "mmr":
+      score = alignment - lam * redundancy
+    else:
+      means = (total + profiles) / (len(chosen) + 1)
+      score = -(np.sum((means - target) ** 2, axis=1) + lam * redundancy)
+    score = np.where(available, score - penalty, -np.inf)
+    pick = argmax_with_ties(score, order)
+    chosen.append(pick)
+    available[pick] = False
+    total += profiles[pick]
+    # max over S of sim(φ_g, φ_s); the first pick sets it (redundancy is 0 while S is empty).
+    redundancy = (pairwise[:, pick] if len(chosen) == 1
+                  else np.maximum(redundancy, pairwise[:, pick]))
+  return chosen
+
+
+class RisedSelector(Selector):
+  """Profile-guided selection; see the module docstring for the options."""
+
+  name = "rised"
+  OBJECTIVES = ("mmr", "composition")
+  SIMILARITIES = ("cosine", "dot")
+  HISTORIES = ("none", "task", "profile")
+  DEFAULT_LAM = {"mmr": 2.0, "composition": 0.01}
+
+  def __init__(self, objective: str = "mmr", lam: float | None = None, similarity: str = "cosine",
+               with_success: bool = False, history: str = "none", history_weight: float = 0.5,
+               history_decay: float = 0.5, history_window: int = 8, seed: int = 0):
+    super().__init__(seed)
+    check_choice(self.name, "objective", objective, self.OBJECTIVES)
+    check_choice(self.name, "similarity", similarity, self.SIMILARITIES)
+    check_choice(self.name, "history", history, self.HISTORIES)
+    lam = self.DEFAULT_LAM[objective] if lam is None else lam
+    if lam < 0 or history_weight < 0:
+      raise ValueError(f"selector 'rised': lam={lam}, history_weight={history_weight}; "
+                       "expected values >= 0")
+    if not 0 < history_decay <= 1:
+      raise ValueError(f"selector 'rised': history_decay={history_decay}; expected (0, 1]")
+    if history_window < 1:
+      raise ValueError(f"selector 'rised': history_window={history_window}; expected >= 1")
+    self.objective = objective
+    self.lam = float(lam)
+    self.similarity = similarity
+    self.with_success = with_success
+    self.history = history
+    self.history_weight = float(history_weight)
+    self.history_decay = float(history_decay)
+    self.history_window = int(history_window)
+    self._task_steps: dict[str, int] = {}              # task key -> last step chosen
+    self._profiles: list[tuple[int, np.ndarray]] = []  # (step, φ) of recent choices
+
+  def _select(self, pool: Sequence[Group], batch_size: int, step: int,
+              rng: np.random.Generator) -> list[int]:
+    if not pool:
+      return []
+    profiles = pool_profiles(pool, self.with_success)
+    informative = np.asarray([has_tagged_rollout(g) for g in pool])
+    target = profiles[informative].mean(0) if informative.any() else profiles.mean(0)
+    penalty = self._history_penalty(pool, profiles, step)
+    chosen = greedy_select(profiles, target, batch_size, self.objective, self.lam,
+                           self.similarity, penalty, rng.permutation(len(pool)))
+    self._remember(pool, profiles, chosen, step)
+    return chosen
+
+  def _age_weight(self, step: int, then: int) -> float:
+    age = step - then
+    return self.history_decay ** age if 0 <= age <= self.history_window else 0.0
+
+  def _history_penalty(self, pool: Sequence[Group], profiles: np.ndarray,
+                       step: int) -> np.ndarray:
+    penalty = np.zeros(len(pool))
+    if self.history == "task":
+      for i, group in enumerate(pool):
+        if group.task.key in self._task_steps:
+          penalty[i] = self._age_weight(step, self._task_steps[group.task.key])
+    elif self.history == "profile" and self._profiles:
+      past = np.stack([phi for _, phi in self._profiles])
+      if past.shape[1] != profiles.shape[1]:
+        raise ValueError(f"selector 'rised': remembered profiles have {past.shape[1]} entries, "
+                         f"this pool's have {profiles.shape[1]}; the vocabulary or "
+                         "with_success changed between steps")
+      weights = np.asarray([self._age_weight(step, t) for t, _ in self._profiles])
+      penalty = np.max(pairwise_similarity(self.similarity, profiles, past) * weights, axis=1)
+    return self.history_weight * penalty
+
+  def _remember(self, pool: Sequence[Group], profiles: np.ndarray, chosen: list[int],
+                step: int) -> None:
+    if self.history == "task":
+      for i in chosen:
+        self._task_steps[pool[i].task.key] = step
+      self._task_steps = {k: t for k, t in self._task_steps.items()
+                          if step - t < self.history_window}
+    elif self.history == "profile":
+      self._profiles = [(t, phi) for t, phi in self._profiles if step - t < self.history_window]
+      self._profiles += [(step, profiles[i]) for i in chosen]
+
+  def state_dict(self) -> dict[str, Any]:
+    return {"task_steps": dict(self._task_steps),
+            "profiles": [[t, phi.tolist()] for t, phi in self._profiles]}
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    expected = {"task_steps", "profiles"}
+    if set(state) != expected:
+      raise ValueError(f"selector 'rised': state has keys {sorted(state)}; expected "
+                       f"{sorted(expected)}")
+    self._task_steps = {str(k): int(t) for k, t in state["task_steps"].items()}
+    self._profiles = [(int(t), np.asarray(phi, np.float64)) for t, phi in state["profiles"]]
