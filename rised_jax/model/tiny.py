@@ -1,0 +1,87 @@
+"""A tiny random chat model for tests and smoke runs, written as a real HF checkpoint.
+
+The tokenizer is word-level over the words the built-in environments use (system prompts,
+observations of a few episodes, action names), with ChatML special tokens and template, so a
+tiny decoder can play the environments with a handful of tokens per action. The checkpoint is
+written with our exporter, so `from_pretrained(out_dir)` — the same path as any real model —
+loads it.
+
+  python -m rised_jax.model.tiny OUT_DIR [--envs frozenlake,maze] [--seed 0]
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Sequence
+
+import tokenizers
+import transformers
+
+from rised_jax import envs
+from rised_jax.model import ModelConfig, Tokenizer, from_config, save_pretrained
+
+SPECIAL = ["<|pad|>", "<|unk|>", "<|im_start|>", "<|im_end|>"]
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+          "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+WORD = re.compile(r"\w+|[^\w\s]")
+
+
+def environment_words(env_names: Sequence[str], episodes: int = 20) -> list[str]:
+  """Every word and punctuation mark of the environments' prompts, observations and actions."""
+  words: set[str] = set()
+  for name in env_names:
+    env = envs.make(name)
+    words.update(WORD.findall(env.system_prompt))
+    for seed in range(episodes):
+      words.update(WORD.findall(env.reset(seed)))
+      for action in env.action_space()[:8]:
+        words.update(WORD.findall(action))
+  words.update(WORD.findall("<answer> </answer> assistant user system"))
+  return sorted(words)
+
+
+def build_tokenizer(words: Sequence[str]) -> Tokenizer:
+  vocab = {token: i for i, token in enumerate(SPECIAL + [w for w in words if w not in SPECIAL])}
+  backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<|unk|>"))
+  backend.pre_tokenizer = tokenizers.pre_tokenizers.Sequence([
+      tokenizers.pre_tokenizers.WhitespaceSplit(),
+      tokenizers.pre_tokenizers.Split(tokenizers.Regex(r"\w+|[^\w\s]"), behavior="isolated")])
+  backend.decoder = tokenizers.decoders.WordPiece(prefix="##", cleanup=False)
+  backend.add_special_tokens(SPECIAL)
+  hf = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=backend, pad_token="<|pad|>", unk_token="<|unk|>",
+      eos_token="<|im_end|>", bos_token=None)
+  hf.chat_template = CHATML
+  return Tokenizer(hf, chat_template=CHATML)
+
+
+def tiny_config(vocab_size: int) -> ModelConfig:
+  return ModelConfig.from_hf({
+      "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": vocab_size,
+      "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+      "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": True,
+      "max_position_embeddings": 4096, "eos_token_id": 3, "pad_token_id": 0,
+  }, source="rised_jax.model.tiny")
+
+
+def write(out_dir: str | Path, env_names: Sequence[str] = ("frozenlake",), seed: int = 0) -> Path:
+  tokenizer = build_tokenizer(environment_words(env_names))
+  model = from_config(tiny_config(tokenizer.vocab_size), seed)
+  save_pretrained(model, tokenizer, out_dir)
+  return Path(out_dir)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("out_dir")
+  parser.add_argument("--envs", default="frozenlake")
+  parser.add_argument("--seed", type=int, default=0)
+  args = parser.parse_args()
+  print(write(args.out_dir, args.envs.split(","), args.seed))
+
+
+if __name__ == "__main__":
+  main()
