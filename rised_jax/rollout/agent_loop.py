@@ -1,0 +1,224 @@
+"""Multi-turn rollouts: G episodes per task, across many environments, batched turn by turn.
+
+Each turn every live episode asks the engine for one reply (all of them in ONE `generate`
+call), its environment steps on the decoded reply, and the observation is appended. The
+transcript is kept token-exact and is never re-tokenised:
+
+  prompt ids     `ChatFormat.prompt_ids(system prompt [+ hint], first observation)`,
+                 encoded once per task;
+  agent ids      exactly the engine's output ids (the stop token included), loss_mask 1,
+                 behaviour_logprobs = the engine's log-probs;
+  closing ids    only when the episode continues and the reply does not already end with
+                 the template's end-of-turn token (cut by max_new_tokens, or stopped on
+                 another stop token such as EOS): the end-of-turn ids, loss_mask 0, so the
+                 next turn sees a well-formed chat;
+  observation    `ChatFormat.observation_ids(observation)`, loss_mask 0.
+The final observation (after the episode ends) is recorded in `turns` but not appended: no
+agent token follows it.
+
+Budgets (running out is `truncated`, a failure): the turn budget is the environment's own
+`max_turns` (its step reports truncated) and, when set, the loop's `max_turns`; the token
+budget `max_total_tokens` bounds the whole transcript: a turn may generate at most
+min(max_new_tokens_per_turn, tokens left), and an episode whose next observation would leave
+no room for one more agent token ends truncated without appending it.
+
+Seeds: every rollout of a task plays the environment episode `task.seed`; the engine seed of
+rollout i at turn t is a hash of (run seed, task, i, t), so a run is reproducible and the G
+rollouts of a group differ.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import numbers
+from typing import Mapping, Sequence
+
+from rised_jax import envs
+from rised_jax.model.tokenizer import Tokenizer
+from rised_jax.rollout.base import Engine, GenerationRequest, GenerationResult, SamplingParams
+from rised_jax.rollout.chat import ChatFormat, join_system_text
+from rised_jax.types import Group, Task, Trajectory, Turn
+
+
+def sampling_seed(seed: int, task: Task, rollout: int, turn: int) -> int:
+  """The engine seed of one turn of one rollout: a stable hash in [0, 2**31)."""
+  difficulty = sorted((str(k), repr(v)) for k, v in task.difficulty.items())
+  key = repr((int(seed), task.env, int(task.seed), difficulty, int(rollout), int(turn)))
+  return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def make_env(task: Task) -> envs.Environment:
+  """A fresh environment for the task (its difficulty knobs as keyword arguments)."""
+  return envs.make(task.env, **dict(task.difficulty))
+
+
+@dataclasses.dataclass
+class _Episode:
+  """One rollout in progress."""
+
+  task: Task
+  rollout: int
+  env: envs.Environment
+  hint: str
+  token_ids: list[int]
+  loss_mask: list[int]
+  logprobs: list[float]
+  prompt_len: int
+  turns: list[Turn] = dataclasses.field(default_factory=list)
+  reward: float = 0.0
+  success: bool = False
+  truncated: bool = False
+  done: bool = False
+
+  def to_trajectory(self) -> Trajectory:
+    return Trajectory(task=self.task, token_ids=self.token_ids, loss_mask=self.loss_mask,
+                      behaviour_logprobs=self.logprobs, prompt_len=self.prompt_len,
+                      turns=self.turns, success=self.success and not self.truncated,
+                      reward=self.reward, truncated=self.truncated, hint=self.hint)
+
+
+def _positive_int(name: str, value: object) -> int:
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    raise ValueError(f"AgentLoop: {name} must be a positive integer, got {value!r}")
+  return int(value)
+
+
+class AgentLoop:
+  """Runs groups of multi-turn episodes with an `Engine` (see the module docstring).
+
+  Args:
+    engine: the sampler (in-process `JaxEngine` or the SGLang client).
+    tokenizer: the policy's tokenizer; its chat template shapes every segment.
+    max_turns: the loop's turn budget per episode (None: the environment's own only).
+    max_new_tokens_per_turn: most tokens one reply may have.
+    max_total_tokens: most tokens a whole transcript (prompt included) may have.
+    sampling: temperature / top-p / top-k / stop ids. Its max_new_tokens is replaced per turn;
+      empty stop_token_ids mean the tokenizer's; the template's end-of-turn token is always
+      added, so a reply ends where the chat format ends a turn.
+  """
+
+  def __init__(self, engine: Engine, tokenizer: Tokenizer, *, max_turns: int | None = None,
+               max_new_tokens_per_turn: int, max_total_tokens: int, sampling: SamplingParams):
+    self.engine = engine
+    self.tokenizer = tokenizer
+    self.max_turns = None if max_turns is None else _positive_int("max_turns", max_turns)
+    self.max_new_tokens_per_turn = _positive_int("max_new_tokens_per_turn",
+                                                 max_new_tokens_per_turn)
+    self.max_total_tokens = _positive_int("max_total_tokens", max_total_tokens)
+    if not isinstance(sampling, SamplingParams):
+      raise ValueError(f"AgentLoop: sampling must be a SamplingParams, got {sampling!r}")
+    self._check_engine_limits(engine)
+    self.chat = ChatFormat(tokenizer)
+    stops = tuple(sampling.stop_token_ids) or tokenizer.stop_token_ids
+    if len(self.chat.end_of_turn_ids) == 1 and self.chat.end_of_turn_ids[0] not in stops:
+      stops += self.chat.end_of_turn_ids
+    self.sampling = dataclasses.replace(sampling, stop_token_ids=stops)
+
+  def _check_engine_limits(self, engine: Engine) -> None:
+    """Fails now, not turns into a run, when an engine with fixed buckets (JaxEngine) could
+    not take the longest prompt (max_total_tokens - 1) or the longest reply."""
+    prompt_buckets = getattr(engine, "prompt_buckets", None)
+    if prompt_buckets and self.max_total_tokens - 1 > max(prompt_buckets):
+      raise ValueError(f"AgentLoop: max_total_tokens={self.max_total_tokens} allows prompts of "
+                       f"{self.max_total_tokens - 1} tokens but the engine's largest prompt "
+                       f"bucket is {max(prompt_buckets)}")
+    new_token_buckets = getattr(engine, "new_token_buckets", None)
+    if new_token_buckets and self.max_new_tokens_per_turn > max(new_token_buckets):
+      raise ValueError(f"AgentLoop: max_new_tokens_per_turn={self.max_new_tokens_per_turn} is "
+                       f"above the engine's largest new-token bucket {max(new_token_buckets)}")
+
+  def prompt_ids(self, task: Task, extra_system_text: str = "") -> list[int]:
+    """The prompt of the task's episode with `extra_system_text` (a hint, a teacher block)
+    after the system prompt. Rollouts use it with their hint; the trainer uses it to build
+    teacher prefixes and hint-free student prefixes: a trajectory's response
+    (`token_ids[prompt_len:]`) follows any of them unchanged."""
+    env = make_env(task)
+    observation = env.reset(task.seed)
+    return self.chat.prompt_ids(join_system_text(env.system_prompt, extra_system_text),
+                                observation)
+
+  def run(self, tasks: Sequence[Task], group_size: int,
+          hints: Mapping[str, str] | None = None, seed: int = 0) -> list[Group]:
+    """G rollouts of every task (in order), with the environment's hint where `hints` has one."""
+    group_size = _positive_int("group_size", group_size)
+    hints = dict(hints or {})
+    for env_name, hint in hints.items():
+      if not isinstance(hint, str):
+        raise ValueError(f"AgentLoop.run: hints[{env_name!r}] must be a string, got {hint!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+      raise ValueError(f"AgentLoop.run: seed must be an integer, got {seed!r}")
+    episodes = [episode for task in tasks
+                for episode in self._start(task, group_size, hints.get(task.env, ""))]
+    live = list(episodes)
+    while live:
+      results = self.engine.generate([self._request(e, seed) for e in live])
+      if len(results) != len(live):
+        raise RuntimeError(f"engine returned {len(results)} results for {len(live)} requests")
+      for episode, result in zip(live, results):
+        self._advance(episode, result)
+      live = [e for e in live if not e.done]
+    return [Group(task=task, trajectories=[e.to_trajectory() for e in
+                                           episodes[i * group_size:(i + 1) * group_size]])
+            for i, task in enumerate(tasks)]
+
+  # ---- one episode ---------------------------------------------------------------------------
+
+  def _start(self, task: Task, group_size: int, hint: str) -> list[_Episode]:
+    if not isinstance(task, Task):
+      raise ValueError(f"AgentLoop.run: tasks must be Task objects, got {task!r}")
+    started = []
+    prompt = None
+    for rollout in range(group_size):
+      env = make_env(task)
+      observation = env.reset(task.seed)
+      if prompt is None:  # the G rollouts of a task share one prompt
+        prompt = self.chat.prompt_ids(join_system_text(env.system_prompt, hint), observation)
+        if len(prompt) >= self.max_total_tokens:
+          raise ValueError(f"AgentLoop.run: task {task.key}: the prompt has {len(prompt)} "
+                           f"tokens, which leaves no room under max_total_tokens="
+                           f"{self.max_total_tokens}")
+      started.append(_Episode(task=task, rollout=rollout, env=env, hint=hint,
+                              token_ids=list(prompt), loss_mask=[0] * len(prompt),
+                              logprobs=[0.0] * len(prompt), prompt_len=len(prompt)))
+    return started
+
+  def _request(self, episode: _Episode, seed: int) -> GenerationRequest:
+    room = self.max_total_tokens - len(episode.token_ids)
+    params = dataclasses.replace(self.sampling,
+                                 max_new_tokens=min(self.max_new_tokens_per_turn, room))
+    return GenerationRequest(prompt_ids=list(episode.token_ids), params=params,
+                             seed=sampling_seed(seed, episode.task, episode.rollout,
+                                                len(episode.turns)))
+
+  def _advance(self, episode: _Episode, result: GenerationResult) -> None:
+    """Appends the reply, steps the environment and appends its observation (or ends)."""
+    output = [int(t) for t in result.output_ids]
+    if not output or len(result.logprobs) != len(output):
+      raise RuntimeError(f"engine result for task {episode.task.key} breaks the Engine "
+                         f"contract: {len(output)} output ids, {len(result.logprobs)} log-probs")
+    episode.token_ids += output
+    episode.loss_mask += [1] * len(output)
+    episode.logprobs += [float(x) for x in result.logprobs]
+    action_text = self.tokenizer.decode(output, skip_special_tokens=True)
+    observation, reward, done, info = episode.env.step(action_text)
+    episode.turns.append(Turn(action_text=action_text, observation=observation,
+                              reward=float(reward), done=bool(done),
+                              invalid=bool(info["invalid"]), events=list(info["events"])))
+    episode.reward += float(reward)
+    if done:
+      episode.success = bool(info["success"])
+      episode.truncated = bool(info["truncated"])
+      episode.done = True
+      return
+    if self.max_turns is not None and len(episode.turns) >= self.max_turns:
+      episode.truncated = episode.done = True
+      return
+    eot = list(self.chat.end_of_turn_ids)
+    closing = [] if output[-len(eot):] == eot else eot
+    segment = closing + self.chat.observation_ids(observation)
+    if len(episode.token_ids) + len(segment) >= self.max_total_tokens:
+      episode.truncated = episode.done = True
+      return
+    episode.token_ids += segment
+    episode.loss_mask += [0] * len(segment)
+    episode.logprobs += [0.0] * len(segment)

@@ -1,0 +1,420 @@
+"""`JaxEngine`: the in-process batched sampler with a KV cache (an `Engine`).
+
+One `generate` call validates every request, sorts them by prompt length, cuts them into
+chunks of at most `max_batch` rows and runs each chunk as
+
+  prefill   (jitted)  the left-padded prompts go through the model once, filling a KV cache
+                      of prompt bucket + new-token bucket slots, and the first token is drawn;
+  decode    (jitted)  a `lax.while_loop` feeds the last token of every row, draws the next
+                      one, and stops as soon as every row is done (stop token or its own
+                      max_new_tokens), or the new-token bucket is full.
+
+Shapes are fixed by buckets so that each jitted function compiles once per bucket:
+  batch   padded with inactive rows up to the next of `batch_buckets` (default: the powers
+          of two below `max_batch`, and `max_batch`);
+  prompt  LEFT-padded to the smallest `prompt_buckets` entry that fits the longest prompt,
+          so every row's last prompt token sits in the same column;
+  cache   prompt bucket + the smallest `max_new_tokens_buckets` entry that fits the largest
+          max_new_tokens of the chunk.
+Sampling parameters are per-row arrays (temperature, top-k, top-p, stop ids, max_new_tokens),
+so requests with different parameters share one batch and one compilation; the sort for
+top-k / top-p runs only when some row of the batch truncates (`lax.cond`).
+
+Sampling:
+  temperature 0 is greedy (argmax); otherwise the logits are divided by the temperature,
+  truncated to the top-k and then the top-p (nucleus) set of the scaled distribution (ties
+  at the threshold are kept), and sampled.
+  Randomness is per row: the request's seed is folded into a base key, and step s draws with
+  fold_in(row_key, s), so a request with a given seed samples the same tokens whatever else
+  is in the batch (up to float reassociation in differently shaped batches).
+
+Log-probs: `GenerationResult.logprobs` are log-softmax of the UNMODIFIED model logits
+(temperature 1, no top-k/top-p truncation) at the sampled tokens, i.e. log π_θ(y_t | prefix),
+the π_old of the policy-gradient ratio. They are not the log-probs of the distribution the
+token was drawn from when temperature != 1 or truncation is on (the SGLang engine reports the
+temperature-scaled ones); at temperature 1 without truncation the two agree.
+
+Weights: the engine holds the model's graph definition and its state (references to its
+arrays, not copies). `update_weights` swaps in another model's state of the same structure,
+shapes and dtypes, which reuses every compiled function; call it after each train step (a
+step that donates its parameter buffers invalidates the arrays held here).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import numbers
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rised_jax.rollout.base import GenerationRequest, GenerationResult, SamplingParams
+
+DEFAULT_PROMPT_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
+DEFAULT_NEW_TOKEN_BUCKETS = (32, 128, 512)
+_NO_STOP = -1           # padding of the per-row stop-id table; never a token id
+_INT32_RANGE = (-2**31, 2**31)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure array functions.
+
+
+def truncate_logits(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+  """Keeps each row's top-k logits, then its top-p (nucleus) set; the rest become -inf.
+
+  logits [B, V] (already temperature-scaled), top_k [B] int (0: no limit), top_p [B] in
+  (0, 1] (1: no limit). The nucleus is the shortest prefix of the sorted tokens whose
+  probability mass reaches top_p (the first token is always kept). Tokens tied with the
+  last kept logit are kept too.
+  """
+  vocab = logits.shape[-1]
+  sorted_logits = jnp.flip(jnp.sort(logits, axis=-1), axis=-1)
+  probs = jax.nn.softmax(sorted_logits, axis=-1)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  rank = jnp.arange(vocab)
+  k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+  # top_p >= 1 keeps everything even where rounding pushes the cumulative mass past 1.
+  in_nucleus = (mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0)
+  kept = jnp.sum((rank[None, :] < k[:, None]) & in_nucleus, axis=-1)
+  threshold = jnp.take_along_axis(sorted_logits, jnp.maximum(kept, 1)[:, None] - 1, axis=-1)
+  return jnp.where(logits >= threshold, logits, -jnp.inf)
+
+
+def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array,
+                  top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+  """[B] int32 tokens: argmax where temperature is 0, else a draw from the tempered,
+  truncated distribution with each row's own key (keys: [B] typed PRNG keys)."""
+  sampling = temperature > 0
+  scaled = logits / jnp.where(sampling, temperature, 1.0)[:, None]
+  truncates = sampling & ((top_k > 0) | (top_p < 1.0))
+  scaled = jax.lax.cond(jnp.any(truncates), lambda x: truncate_logits(x, top_k, top_p),
+                        lambda x: x, scaled)
+  drawn = jax.vmap(jax.random.categorical)(keys, scaled)
+  return jnp.where(sampling, drawn, jnp.argmax(logits, axis=-1)).astype(jnp.int32)
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+  """[B] float32 log-softmax(logits)[b, tokens[b]]: the unmodified model's log-probs."""
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
+
+
+def is_stop(tokens: jax.Array, stop_ids: jax.Array) -> jax.Array:
+  """[B] bool: tokens[b] is one of row b's stop ids (stop_ids [B, S], padded with -1)."""
+  return jnp.any(tokens[:, None] == stop_ids, axis=-1)
+
+
+def row_keys(seeds: jax.Array) -> jax.Array:
+  """[B] typed keys: each request's seed (uint32) folded into one base key."""
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(0), seeds)
+
+
+def step_keys(keys: jax.Array, step: jax.Array | int) -> jax.Array:
+  """The keys of decode step `step` (0 = the token drawn after the prompt)."""
+  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side.
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+  """One compiled shape: padded batch, prompt length and new-token capacity."""
+
+  batch: int
+  prompt_len: int
+  new_tokens: int
+
+
+@dataclasses.dataclass
+class _Chunk:
+  """Numpy inputs of one bucketed batch; rows past `size` are inactive padding."""
+
+  bucket: Bucket
+  size: int
+  prompt_ids: np.ndarray    # [B, P] int32, left-padded
+  prompt_mask: np.ndarray   # [B, P] int32
+  seeds: np.ndarray         # [B] uint32
+  temperature: np.ndarray   # [B] float32
+  top_k: np.ndarray         # [B] int32
+  top_p: np.ndarray         # [B] float32
+  stop_ids: np.ndarray      # [B, S] int32, padded with -1
+  max_new: np.ndarray       # [B] int32
+  active: np.ndarray        # [B] bool
+
+
+def _check_buckets(name: str, buckets: Sequence[int]) -> tuple[int, ...]:
+  values = tuple(buckets)
+  if not values or any(isinstance(b, bool) or not isinstance(b, numbers.Integral) or b < 1
+                       for b in values):
+    raise ValueError(f"JaxEngine: {name} must be a non-empty sequence of positive integers, "
+                     f"got {buckets!r}")
+  return tuple(sorted(set(int(b) for b in values)))
+
+
+def _smallest_fitting(buckets: Sequence[int], size: int) -> int:
+  return next(b for b in buckets if b >= size)
+
+
+class JaxEngine:
+  """Batched KV-cache sampler over a `rised_jax.model.Decoder` (see the module docstring).
+
+  Args:
+    model: the decoder (`init_cache`, `forward_with_cache`, `cfg.vocab_size`).
+    max_batch: most rows in one compiled batch; larger calls run in several chunks.
+    batch_buckets: allowed padded batch sizes (max_batch is always one); fewer buckets mean
+      fewer compilations and more padding rows.
+    prompt_buckets: allowed padded prompt lengths; the largest is the longest prompt accepted.
+    max_new_tokens_buckets: allowed new-token capacities; the largest is the most
+      max_new_tokens a request may ask for.
+    dtype: KV-cache dtype (default: the model's compute dtype).
+    max_stop_tokens: size of the per-row stop-id table (a request may list at most this many).
+    pad_id: token id written into padding columns (masked out, never attended).
+  """
+
+  def __init__(self, model: Any, *, max_batch: int = 16,
+               batch_buckets: Sequence[int] | None = None,
+               prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
+               max_new_tokens_buckets: Sequence[int] = DEFAULT_NEW_TOKEN_BUCKETS,
+               dtype: Any = None, max_stop_tokens: int = 8, pad_id: int = 0):
+    for name in ("init_cache", "forward_with_cache", "cfg"):
+      if not hasattr(model, name):
+        raise TypeError(f"JaxEngine: model must be a rised_jax.model.Decoder (it has no "
+                        f"{name!r}), got {type(model).__name__}")
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+      raise ValueError(f"JaxEngine: max_batch must be a positive integer, got {max_batch!r}")
+    if isinstance(max_stop_tokens, bool) or not isinstance(max_stop_tokens, int) or \
+        max_stop_tokens < 1:
+      raise ValueError(f"JaxEngine: max_stop_tokens must be a positive integer, "
+                       f"got {max_stop_tokens!r}")
+    self.vocab_size = int(model.cfg.vocab_size)
+    if not 0 <= pad_id < self.vocab_size:
+      raise ValueError(f"JaxEngine: pad_id must be in [0, {self.vocab_size}), got {pad_id!r}")
+    self.max_batch = max_batch
+    if batch_buckets is None:
+      batch_buckets = [2**i for i in range(max_batch.bit_length()) if 2**i < max_batch]
+    elif _check_buckets("batch_buckets", batch_buckets)[-1] > max_batch:
+      raise ValueError(f"JaxEngine: batch_buckets must not exceed max_batch={max_batch}, "
+                       f"got {batch_buckets!r}")
+    self.batch_buckets = tuple(sorted({*batch_buckets, max_batch}))
+    self.prompt_buckets = _check_buckets("prompt_buckets", prompt_buckets)
+    self.new_token_buckets = _check_buckets("max_new_tokens_buckets", max_new_tokens_buckets)
+    self.max_stop_tokens = max_stop_tokens
+    self.pad_id = pad_id
+    self.cache_dtype = dtype
+    self.version = 0
+    self._graphdef, self._state = nnx.split(model)
+    self._traces: collections.Counter[tuple[str, Bucket]] = collections.Counter()
+    self._prefill = jax.jit(self._prefill_fn, static_argnames="new_tokens")
+    self._decode = jax.jit(self._decode_fn)
+    self.last_decode_steps: list[int] = []   # per chunk of the last call: tokens per row drawn
+
+  # ---- public API -------------------------------------------------------------------------
+
+  @property
+  def compile_counts(self) -> dict[tuple[str, Bucket], int]:
+    """How many times ("prefill" | "decode", bucket) was traced (= compiled) so far."""
+    return dict(self._traces)
+
+  def update_weights(self, model: Any, version: int) -> None:
+    """Uses `model`'s current parameters from now on, without recompiling.
+
+    The model must have this engine's architecture: the same graph and the same parameter
+    shapes and dtypes (anything else would need new compilations and is refused).
+    """
+    graphdef, state = nnx.split(model)
+    if graphdef != self._graphdef:
+      raise ValueError("JaxEngine.update_weights: the model's structure (config or module "
+                       "graph) differs from the engine's; build a new JaxEngine for it")
+    old = _shapes_and_dtypes(self._state)
+    new = _shapes_and_dtypes(state)
+    if old != new:
+      diffs = [f"{path}: {a} -> {b}" for (path, a), (_, b) in zip(old, new) if a != b]
+      raise ValueError(f"JaxEngine.update_weights: parameter shapes/dtypes differ from the "
+                       f"engine's ({'; '.join(diffs[:4]) or 'different parameter set'}); "
+                       f"build a new JaxEngine for it")
+    self._state = state
+    self.version = int(version)
+
+  def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+    """One result per request, in order (see the module docstring for the semantics)."""
+    requests = list(requests)
+    for index, request in enumerate(requests):
+      self._validate(request, index)
+    order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
+    results: list[GenerationResult | None] = [None] * len(requests)
+    self.last_decode_steps = []
+    for start in range(0, len(order), self.max_batch):
+      indices = order[start:start + self.max_batch]
+      chunk = self._pack([requests[i] for i in indices])
+      for i, result in zip(indices, self._run(chunk)):
+        results[i] = result
+    return results
+
+  # ---- validation and packing ---------------------------------------------------------------
+
+  def _validate(self, request: GenerationRequest, index: int) -> None:
+    """Raises ValueError naming the request and field, before anything is compiled."""
+    where = f"JaxEngine: generation request {index}"
+    prompt = list(request.prompt_ids)
+    if not prompt:
+      raise ValueError(f"{where}: prompt_ids is empty; at least one token is needed")
+    bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, numbers.Integral)
+           or not 0 <= t < self.vocab_size]
+    if bad:
+      raise ValueError(f"{where}: prompt_ids must be integers in [0, {self.vocab_size}), "
+                       f"got {bad[:5]!r}")
+    if len(prompt) > self.prompt_buckets[-1]:
+      raise ValueError(f"{where}: the prompt has {len(prompt)} tokens, more than the largest "
+                       f"prompt bucket ({self.prompt_buckets[-1]}); raise prompt_buckets")
+    params = request.params
+    if not isinstance(params, SamplingParams):
+      raise ValueError(f"{where}: params must be a SamplingParams, got {type(params).__name__}")
+    new = params.max_new_tokens
+    if isinstance(new, bool) or not isinstance(new, numbers.Integral) or new < 1:
+      raise ValueError(f"{where}: max_new_tokens must be an integer >= 1, got {new!r}")
+    if new > self.new_token_buckets[-1]:
+      raise ValueError(f"{where}: max_new_tokens={new} is above the largest new-token bucket "
+                       f"({self.new_token_buckets[-1]}); raise max_new_tokens_buckets")
+    if not (isinstance(params.temperature, numbers.Real) and math.isfinite(params.temperature)
+            and params.temperature >= 0):
+      raise ValueError(f"{where}: temperature must be finite and >= 0, "
+                       f"got {params.temperature!r}")
+    if not (isinstance(params.top_p, numbers.Real) and 0 < params.top_p <= 1):
+      raise ValueError(f"{where}: top_p must be in (0, 1], got {params.top_p!r}")
+    if isinstance(params.top_k, bool) or not isinstance(params.top_k, numbers.Integral) or \
+        params.top_k < 0:
+      raise ValueError(f"{where}: top_k must be an integer >= 0 (0: no truncation), "
+                       f"got {params.top_k!r}")
+    stops = list(params.stop_token_ids)
+    if any(isinstance(t, bool) or not isinstance(t, numbers.Integral)
+           or not 0 <= t < self.vocab_size for t in stops):
+      raise ValueError(f"{where}: stop_token_ids must be integers in [0, {self.vocab_size}), "
+                       f"got {stops!r}")
+    if len(set(stops)) > self.max_stop_tokens:
+      raise ValueError(f"{where}: {len(set(stops))} stop tokens, more than max_stop_tokens="
+                       f"{self.max_stop_tokens}; raise it when building the JaxEngine")
+    seed = request.seed
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or \
+        not _INT32_RANGE[0] <= seed < _INT32_RANGE[1]:
+      raise ValueError(f"{where}: seed must be an integer in the int32 range, got {seed!r}")
+
+  def _pack(self, requests: Sequence[GenerationRequest]) -> _Chunk:
+    size = len(requests)
+    bucket = Bucket(
+        batch=_smallest_fitting(self.batch_buckets, size),
+        prompt_len=_smallest_fitting(self.prompt_buckets,
+                                     max(len(r.prompt_ids) for r in requests)),
+        new_tokens=_smallest_fitting(self.new_token_buckets,
+                                     max(r.params.max_new_tokens for r in requests)))
+    batch, width = bucket.batch, bucket.prompt_len
+    chunk = _Chunk(
+        bucket=bucket, size=size,
+        prompt_ids=np.full((batch, width), self.pad_id, np.int32),
+        prompt_mask=np.zeros((batch, width), np.int32),
+        seeds=np.zeros(batch, np.uint32), temperature=np.zeros(batch, np.float32),
+        top_k=np.zeros(batch, np.int32), top_p=np.ones(batch, np.float32),
+        stop_ids=np.full((batch, self.max_stop_tokens), _NO_STOP, np.int32),
+        max_new=np.ones(batch, np.int32), active=np.zeros(batch, bool))
+    # Inactive padding rows hold one real token so that no row is entirely masked.
+    chunk.prompt_mask[size:, -1] = 1
+    for b, request in enumerate(requests):
+      prompt, params = list(request.prompt_ids), request.params
+      chunk.prompt_ids[b, width - len(prompt):] = prompt
+      chunk.prompt_mask[b, width - len(prompt):] = 1
+      chunk.seeds[b] = int(request.seed) % 2**32
+      chunk.temperature[b] = params.temperature
+      chunk.top_k[b] = params.top_k
+      chunk.top_p[b] = params.top_p
+      stops = sorted(set(int(t) for t in params.stop_token_ids))
+      chunk.stop_ids[b, :len(stops)] = stops
+      chunk.max_new[b] = params.max_new_tokens
+      chunk.active[b] = True
+    return chunk
+
+  def _run(self, chunk: _Chunk) -> list[GenerationResult]:
+    sampling = (chunk.temperature, chunk.top_k, chunk.top_p, chunk.stop_ids, chunk.max_new)
+    cache, keys, out_ids, out_logprobs, lengths, done = self._prefill(
+        self._state, chunk.prompt_ids, chunk.prompt_mask, chunk.seeds, *sampling,
+        chunk.active, new_tokens=chunk.bucket.new_tokens)
+    out_ids, out_logprobs, lengths, steps = self._decode(
+        self._state, cache, keys, out_ids, out_logprobs, lengths, done, *sampling)
+    out_ids, out_logprobs, lengths, steps = jax.device_get(
+        (out_ids, out_logprobs, lengths, steps))
+    self.last_decode_steps.append(int(steps))
+    results = []
+    for b in range(chunk.size):
+      n = int(lengths[b])
+      ids = [int(t) for t in out_ids[b, :n]]
+      stopped = ids[-1] in chunk.stop_ids[b]
+      results.append(GenerationResult(output_ids=ids,
+                                      logprobs=[float(x) for x in out_logprobs[b, :n]],
+                                      finish_reason="stop" if stopped else "length"))
+    return results
+
+  # ---- jitted functions -------------------------------------------------------------------
+
+  def _prefill_fn(self, state, prompt_ids, prompt_mask, seeds, temperature, top_k, top_p,
+                  stop_ids, max_new, active, *, new_tokens: int):
+    """Fills the cache with the prompts and draws token 0 of every row."""
+    batch, prompt_len = prompt_ids.shape
+    self._traces[("prefill", Bucket(batch, prompt_len, new_tokens))] += 1
+    model = nnx.merge(self._graphdef, state)
+    cache = model.init_cache(batch, prompt_len + new_tokens, self.cache_dtype)
+    if prompt_len > 1:
+      # All but the last column: only the cache is kept, so XLA drops these [B, P, V] logits.
+      _, cache = model.forward_with_cache(prompt_ids[:, :-1], prompt_mask[:, :-1], cache, 0)
+    logits, cache = model.forward_with_cache(prompt_ids[:, -1:], prompt_mask[:, -1:], cache,
+                                             prompt_len - 1)
+    logits = logits[:, 0]
+    keys = row_keys(seeds)
+    tokens = sample_tokens(logits, step_keys(keys, 0), temperature, top_k, top_p)
+    out_ids = jnp.zeros((batch, new_tokens), jnp.int32).at[:, 0].set(tokens)
+    out_logprobs = jnp.zeros((batch, new_tokens), jnp.float32).at[:, 0].set(
+        token_logprobs(logits, tokens))
+    lengths = active.astype(jnp.int32)
+    done = ~active | is_stop(tokens, stop_ids) | (max_new <= 1)
+    return cache, keys, out_ids, out_logprobs, lengths, done
+
+  def _decode_fn(self, state, cache, keys, out_ids, out_logprobs, lengths, done, temperature,
+                 top_k, top_p, stop_ids, max_new):
+    """Draws tokens 1.. until every row is done or the bucket is full; returns
+    (ids [B, N], log-probs [B, N], lengths [B], steps run)."""
+    batch, new_tokens = out_ids.shape
+    prompt_len = cache.valid.shape[1] - new_tokens
+    self._traces[("decode", Bucket(batch, prompt_len, new_tokens))] += 1
+    model = nnx.merge(self._graphdef, state)
+    feed_mask = jnp.ones((batch, 1), jnp.int32)
+
+    def unfinished(carry):
+      step, _, _, _, _, done = carry
+      return (step < new_tokens) & ~jnp.all(done)
+
+    def next_token(carry):
+      step, cache, out_ids, out_logprobs, lengths, done = carry
+      # The token drawn at step - 1 goes into slot prompt_len + step - 1.
+      last = jax.lax.dynamic_slice_in_dim(out_ids, step - 1, 1, axis=1)
+      logits, cache = model.forward_with_cache(last, feed_mask, cache, prompt_len + step - 1)
+      logits = logits[:, 0]
+      tokens = sample_tokens(logits, step_keys(keys, step), temperature, top_k, top_p)
+      out_ids = jax.lax.dynamic_update_slice_in_dim(out_ids, tokens[:, None], step, axis=1)
+      out_logprobs = jax.lax.dynamic_update_slice_in_dim(
+          out_logprobs, token_logprobs(logits, tokens)[:, None], step, axis=1)
+      lengths = jnp.where(done, lengths, step + 1)
+      done = done | is_stop(tokens, stop_ids) | (step + 1 >= max_new)
+      return step + 1, cache, out_ids, out_logprobs, lengths, done
+
+    steps, _, out_ids, out_logprobs, lengths, _ = jax.lax.while_loop(
+        unfinished, next_token, (jnp.int32(1), cache, out_ids, out_logprobs, lengths, done))
+    return out_ids, out_logprobs, lengths, steps
+
+
+def _shapes_and_dtypes(state: Any) -> list[tuple[str, tuple[tuple[int, ...], str]]]:
+  return [(jax.tree_util.keystr(path), (tuple(x.shape), str(x.dtype)))
+          for path, x in jax.tree_util.tree_leaves_with_path(state)]
