@@ -1,0 +1,477 @@
+"""A run's logs: TensorBoard scalar events plus JSONL files, all in the workdir.
+
+Layout of `workdir` (every file is append-only and flushed after each call, so a killed run
+keeps everything it logged):
+
+  metrics.jsonl     one line per `scalars` call: {"step", "time" (unix), "wall" (seconds of
+                    run time), <tag>: value, …}
+  rollouts.jsonl    one line per rollout: {"step", "env", "seed", "group", "rollout", "reward",
+                    "success", "truncated", "num_turns", "agent_tokens", "tags", "untagged",
+                    "selected", "teacher", "hint"}; "tags" is the list of tag ids the judge set,
+                    or null when the rollout was not judged
+  eval.jsonl        one line per environment per evaluation: {"step", "time", "env",
+                    "pass_rate", "ci_low", "ci_high", "episodes"}
+  vocabulary.json   the rubric vocabulary the rollouts were tagged with (a vocabulary file:
+                    `Vocabulary.load` reads it), written by the first `rollouts` call
+  summary.json      the before/after pass-rate table (`write_summary`), also as results.md
+  tensorboard/      TensorBoard event files (`tensorboard --logdir <workdir>/tensorboard`)
+  *.discarded.jsonl what `rewind` moved out of the JSONL files above
+
+TensorBoard events are written with tensorboard's own record writer and event protos (no
+TensorFlow). Each `RunLog` opens a fresh event file whose name sorts after every event file
+already there: TensorBoard reads a directory's files in name order, and `rewind` relies on its
+SessionLog.START event being read after the events it purges.
+
+Resuming: a resumed run calls `rewind(checkpoint_step)` before logging. Everything logged for
+later steps (the work a killed run did after its last checkpoint) moves to the side files, and
+TensorBoard drops those events when it reads the START event at checkpoint_step + 1 (with
+`purge_orphaned_data`, its default; checked with its Python loaders and its Rust data server),
+so the logs read like those of an uninterrupted run.
+
+JSON values follow Python's `json` module: a non-finite scalar (a NaN loss) is written as NaN.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import numbers
+import os
+import re
+import socket
+import time
+from typing import Any, Iterable, Mapping, Sequence
+
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.record_writer import RecordWriter
+
+from rised_jax.rubrics.vocabulary import Vocabulary
+from rised_jax.types import Group
+
+METRICS_FILE = "metrics.jsonl"
+ROLLOUTS_FILE = "rollouts.jsonl"
+EVAL_FILE = "eval.jsonl"
+VOCABULARY_FILE = "vocabulary.json"
+SUMMARY_FILE = "summary.json"
+RESULTS_FILE = "results.md"
+TENSORBOARD_DIR = "tensorboard"
+JSONL_FILES = (METRICS_FILE, ROLLOUTS_FILE, EVAL_FILE)
+RESULT_KEYS = ("pass_rate", "ci_low", "ci_high", "episodes")
+_RESERVED_METRIC_KEYS = ("step", "time", "wall")
+_EVENT_FILE_PREFIX = "events.out.tfevents."
+_EVENT_FILE_TIME = re.compile(r"^events\.out\.tfevents\.(\d+)\.")
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+  """Wilson score interval of a binomial proportion (z = 1.96: 95 %).
+
+  Unlike the normal (Wald) interval it stays inside [0, 1] and is not empty at 0/n or n/n.
+  """
+  if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+    raise ValueError(f"wilson_interval: n={n!r}; expected an int >= 1")
+  if isinstance(successes, bool) or not isinstance(successes, numbers.Integral) or not (
+      0 <= successes <= n):
+    raise ValueError(f"wilson_interval: successes={successes!r}; expected an int in [0, {n}]")
+  if not z > 0:
+    raise ValueError(f"wilson_interval: z={z!r}; expected a positive number")
+  p = successes / n
+  z2n = z * z / n
+  center = (p + z2n / 2) / (1 + z2n)
+  half = z / (1 + z2n) * math.sqrt(p * (1 - p) / n + z2n / (4 * n))
+  # Rounding can push an end a hair past [0, 1] at 0/n and n/n.
+  return max(0.0, center - half), min(1.0, center + half)
+
+
+def discarded_name(name: str) -> str:
+  """metrics.jsonl -> metrics.discarded.jsonl: where `rewind` moves lines."""
+  stem, ext = os.path.splitext(name)
+  return f"{stem}.discarded{ext}"
+
+
+def check_results(results: Any, what: str) -> dict[str, dict[str, float | int]]:
+  """Validates {env: {pass_rate, ci_low, ci_high, episodes}} (mappings or dataclasses).
+
+  Returns plain dicts holding exactly RESULT_KEYS; `what` names the argument in errors.
+  """
+  if not isinstance(results, Mapping) or not results:
+    raise ValueError(f"{what}: got {type(results).__name__} {results!r:.200}; expected a non-empty "
+                     f"dict {{env: {{{', '.join(RESULT_KEYS)}}}}}")
+  checked = {}
+  for env, result in results.items():
+    if not isinstance(env, str) or not env:
+      raise ValueError(f"{what}: environment name {env!r}; expected a non-empty string")
+    if dataclasses.is_dataclass(result) and not isinstance(result, type):
+      result = dataclasses.asdict(result)
+    if not isinstance(result, Mapping):
+      raise ValueError(f"{what}[{env!r}] is {type(result).__name__}; expected a dict with keys "
+                       f"{list(RESULT_KEYS)}")
+    missing = [k for k in RESULT_KEYS if k not in result]
+    if missing:
+      raise ValueError(f"{what}[{env!r}] lacks key(s) {missing}; expected keys {list(RESULT_KEYS)}")
+    episodes = result["episodes"]
+    if isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1:
+      raise ValueError(f"{what}[{env!r}]['episodes'] = {episodes!r}; expected an int >= 1")
+    values = {}
+    for key in RESULT_KEYS[:3]:
+      value = result[key]
+      if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
+        raise ValueError(f"{what}[{env!r}][{key!r}] = {value!r}; expected a number in [0, 1]")
+      values[key] = float(value)
+    if not values["ci_low"] - 1e-9 <= values["pass_rate"] <= values["ci_high"] + 1e-9:
+      raise ValueError(f"{what}[{env!r}]: pass_rate {values['pass_rate']} is outside its interval "
+                       f"[{values['ci_low']}, {values['ci_high']}]; expected ci_low <= pass_rate "
+                       "<= ci_high")
+    checked[env] = {**values, "episodes": int(episodes)}
+  return checked
+
+
+def mean_pass_rate(results: Mapping[str, Mapping[str, Any]]) -> float:
+  """The unweighted mean of the per-environment pass rates (ALGORITHMS.md §4)."""
+  return sum(float(r["pass_rate"]) for r in results.values()) / len(results)
+
+
+def format_pass_rate_table(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+  """The before/after table: env | before (95 % CI) | after (95 % CI) | Δ, then the mean row.
+
+  A Markdown table with padded columns, so it reads in a terminal too. Both arguments must
+  cover the same environments; the mean row is the unweighted mean (no interval).
+  """
+  before = check_results(before, "before")
+  after = check_results(after, "after")
+  if set(before) != set(after):
+    raise ValueError(f"before/after cover different environments: only before "
+                     f"{sorted(set(before) - set(after))}, only after "
+                     f"{sorted(set(after) - set(before))}; expected the same set")
+
+  def cell(result):
+    return f"{result['pass_rate']:.3f} [{result['ci_low']:.3f}, {result['ci_high']:.3f}]"
+
+  rows = [("env", "before (95 % CI)", "after (95 % CI)", "Δ")]
+  for env in sorted(before):
+    rows.append((env, cell(before[env]), cell(after[env]),
+                 f"{after[env]['pass_rate'] - before[env]['pass_rate']:+.3f}"))
+  mean_before, mean_after = mean_pass_rate(before), mean_pass_rate(after)
+  rows.append(("mean", f"{mean_before:.3f}", f"{mean_after:.3f}",
+               f"{mean_after - mean_before:+.3f}"))
+  widths = [max(len(row[i]) for row in rows) for i in range(4)]
+
+  def line(cells):
+    return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+  separator = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+  return "\n".join([line(rows[0]), separator] + [line(row) for row in rows[1:]])
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+  """The records of a JSONL file ([] if it does not exist).
+
+  A malformed last line (a run killed while writing it) is skipped; a malformed line
+  elsewhere is an error naming the file and line.
+  """
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    lines = f.read().split("\n")
+  while lines and not lines[-1].strip():
+    lines.pop()
+  records = []
+  for number, text in enumerate(lines, start=1):
+    try:
+      record = json.loads(text)
+    except json.JSONDecodeError as e:
+      if number == len(lines):
+        break
+      raise ValueError(f"{path}: line {number} is not valid JSON ({e.msg}): {text[:200]!r}") from e
+    if not isinstance(record, dict):
+      raise ValueError(f"{path}: line {number} is {type(record).__name__}; expected a JSON object")
+    records.append(record)
+  return records
+
+
+def _check_step(step: Any, method: str) -> int:
+  if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+    raise ValueError(f"RunLog.{method}: step={step!r}; expected an int >= 0")
+  return int(step)
+
+
+def _scalar(value: Any, key: str) -> float:
+  """float(value) for Python/numpy/JAX scalars (0-d arrays too); an error names the key."""
+  if isinstance(value, (str, bytes)) or getattr(value, "ndim", 0) != 0:
+    raise ValueError(f"RunLog.scalars: value of {key!r} is {type(value).__name__} {value!r:.100}; "
+                     "expected a real scalar")
+  try:
+    return float(value)
+  except (TypeError, ValueError):
+    raise ValueError(f"RunLog.scalars: value of {key!r} is {type(value).__name__} {value!r:.100}; "
+                     "expected a real scalar") from None
+
+
+def _vocabulary_entries(vocab: Vocabulary) -> list[dict[str, str]]:
+  return [{"id": e.id, "polarity": e.polarity, "description": e.description}
+          for e in vocab.entries]
+
+
+class _EventFile:
+  """One TensorBoard event file, written synchronously with tensorboard's RecordWriter.
+
+  TensorBoard's Python loader takes the first SessionLog.START of a run for the run's beginning
+  and purges on every later one (its older loader and the Rust data server purge on every
+  START). So the first file of a directory opens with START at step 0, which purges nothing,
+  and a later file writes one only when told to (`rewind`): a session that just adds events
+  (an evaluation of a finished run) purges nothing.
+  """
+
+  def __init__(self, directory: str):
+    os.makedirs(directory, exist_ok=True)
+    # Name it after every event file already there (TensorBoard reads them in name order),
+    # even when a previous writer started within the same second.
+    stamps = [int(m.group(1)) for m in map(_EVENT_FILE_TIME.match, os.listdir(directory)) if m]
+    newest = max(stamps, default=-1)
+    stamp = max(int(time.time()), newest + 1)
+    self.path = os.path.join(
+        directory, f"{_EVENT_FILE_PREFIX}{stamp:010d}.{socket.gethostname()}.{os.getpid()}")
+    self._writer = RecordWriter(open(self.path, "xb"))
+    # File version 2 is what makes TensorBoard honour SessionLog.START purges.
+    self.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+    if not stamps:
+      self.start_session(0)
+
+  def start_session(self, step: int) -> None:
+    """Writes SessionLog.START at `step`: TensorBoard drops earlier events at steps >= `step`."""
+    self.write(event_pb2.Event(
+        wall_time=time.time(), step=step,
+        session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+
+  def write(self, event: event_pb2.Event) -> None:
+    self._writer.write(event.SerializeToString())
+    self._writer.flush()
+
+  def close(self) -> None:
+    self._writer.close()
+
+
+class RunLog:
+  """Writes a run's TensorBoard events and JSONL logs to `workdir` (a local directory).
+
+  With enabled=False (the non-zero processes of a multi-host run) every method validates its
+  arguments and returns as usual but nothing is written.
+  """
+
+  def __init__(self, workdir: str | os.PathLike[str], *, enabled: bool = True):
+    workdir = os.fspath(workdir)
+    if "://" in workdir:
+      raise ValueError(f"RunLog: workdir={workdir!r} is a URL; the logs are appended line by line "
+                       "and need a local (or mounted) directory")
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+      raise ValueError(f"RunLog: workdir={workdir!r} exists and is not a directory")
+    self.workdir = workdir
+    self.enabled = bool(enabled)
+    self._closed = False
+    self._start = time.monotonic()
+    self._wall_offset = 0.0
+    self._next_group: dict[int, int] = {}   # step -> index of the next group logged at it
+    self._events: _EventFile | None = None
+    if self.enabled:
+      os.makedirs(workdir, exist_ok=True)
+      self._events = _EventFile(os.path.join(workdir, TENSORBOARD_DIR))
+
+  def path(self, name: str) -> str:
+    return os.path.join(self.workdir, name)
+
+  @property
+  def event_file(self) -> str | None:
+    """The TensorBoard event file this RunLog writes (None when disabled)."""
+    return self._events.path if self._events else None
+
+  def __enter__(self) -> "RunLog":
+    return self
+
+  def __exit__(self, *exc_info: Any) -> None:
+    self.close()
+
+  def close(self) -> None:
+    if self._events is not None:
+      self._events.close()
+      self._events = None
+    self._closed = True
+
+  def _check_open(self, method: str) -> None:
+    if self._closed:
+      raise RuntimeError(f"RunLog.{method}: the log of {self.workdir!r} is closed")
+
+  def _append(self, name: str, records: Iterable[Mapping[str, Any]]) -> None:
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    if self.enabled and text:
+      with open(self.path(name), "a", encoding="utf-8") as f:
+        f.write(text)
+
+  def scalars(self, step: int, values: Mapping[str, Any], *, prefix: str = "") -> None:
+    """Logs named scalars at `step`: TensorBoard tags and one metrics.jsonl line.
+
+    The tag of key k is "{prefix}/{k}" (just k without a prefix).
+    """
+    self._check_open("scalars")
+    step = _check_step(step, "scalars")
+    if not isinstance(values, Mapping):
+      raise ValueError(f"RunLog.scalars: values is {type(values).__name__}; expected a dict "
+                       "{name: float}")
+    prefix = prefix.strip("/")
+    tagged = {}
+    for key, value in values.items():
+      if not isinstance(key, str) or not key:
+        raise ValueError(f"RunLog.scalars: key {key!r}; expected a non-empty string")
+      tag = f"{prefix}/{key}" if prefix else key
+      if tag in _RESERVED_METRIC_KEYS:
+        raise ValueError(f"RunLog.scalars: key {tag!r} is reserved for the line's own "
+                         f"{list(_RESERVED_METRIC_KEYS)}; rename it")
+      tagged[tag] = _scalar(value, tag)
+    if not self.enabled:
+      return
+    now = time.time()
+    wall = self._wall_offset + time.monotonic() - self._start
+    self._append(METRICS_FILE, [{"step": step, "time": now, "wall": wall, **tagged}])
+    summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)
+                                         for tag, value in tagged.items()])
+    self._events.write(event_pb2.Event(wall_time=now, step=step, summary=summary))
+
+  def rollouts(self, step: int, groups: Sequence[Group], vocab: Vocabulary | None) -> None:
+    """One rollouts.jsonl line per rollout of `groups` (the step's whole candidate pool).
+
+    Groups are numbered in order; a second call for the same step continues the numbering.
+    `vocab` names the tags (None only when no rollout carries tags).
+    """
+    self._check_open("rollouts")
+    step = _check_step(step, "rollouts")
+    first = self._next_group.get(step, 0)
+    records = []
+    for g, group in enumerate(groups):
+      if not isinstance(group, Group):
+        raise ValueError(f"RunLog.rollouts: groups[{g}] is {type(group).__name__}; expected "
+                         "rised_jax.types.Group")
+      for r, traj in enumerate(group.trajectories):
+        if traj.tags is None:
+          tags = None
+        elif vocab is None:
+          raise ValueError(f"RunLog.rollouts: step {step}, group {g} ({group.task.key}), rollout "
+                           f"{r} has tags but no vocabulary was given to name them")
+        else:
+          try:
+            tags = vocab.ids_of(traj.tags)
+          except ValueError as e:
+            raise ValueError(f"RunLog.rollouts: step {step}, group {g} ({group.task.key}), "
+                             f"rollout {r}: {e}") from None
+        records.append({
+            "step": step, "env": group.task.env, "seed": int(group.task.seed),
+            "group": first + g, "rollout": r, "reward": float(traj.reward),
+            "success": bool(traj.success), "truncated": bool(traj.truncated),
+            "num_turns": len(traj.turns), "agent_tokens": traj.num_agent_tokens,
+            "tags": tags, "untagged": bool(traj.untagged), "selected": bool(group.selected),
+            "teacher": group.teacher_prefix is not None, "hint": traj.hint != ""})
+    if vocab is not None and self.enabled:
+      self._record_vocabulary(vocab)
+    self._next_group[step] = first + len(groups)
+    self._append(ROLLOUTS_FILE, records)
+
+  def _record_vocabulary(self, vocab: Vocabulary) -> None:
+    path = self.path(VOCABULARY_FILE)
+    entries = _vocabulary_entries(vocab)
+    if os.path.exists(path):
+      with open(path, encoding="utf-8") as f:
+        if json.load(f) != entries:
+          raise ValueError(f"RunLog.rollouts: {path} holds another vocabulary than {vocab!r}; one "
+                           "run's rollouts must be tagged with one vocabulary")
+      return
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(entries, f, indent=1, ensure_ascii=False)
+
+  def evaluation(self, step: int, results: Mapping[str, Any]) -> None:
+    """Logs pass rates {env: {pass_rate, ci_low, ci_high, episodes}} to eval.jsonl and as
+    scalars eval/{env}/pass_rate and eval/mean_pass_rate."""
+    self._check_open("evaluation")
+    step = _check_step(step, "evaluation")
+    results = check_results(results, "RunLog.evaluation: results")
+    now = time.time()
+    self._append(EVAL_FILE, [{"step": step, "time": now, "env": env, **result}
+                             for env, result in sorted(results.items())])
+    scalars = {f"eval/{env}/pass_rate": r["pass_rate"] for env, r in sorted(results.items())}
+    scalars["eval/mean_pass_rate"] = mean_pass_rate(results)
+    self.scalars(step, scalars)
+
+  def write_summary(self, before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    """Writes the before/after pass-rate table to summary.json and results.md; returns it."""
+    self._check_open("write_summary")
+    table = format_pass_rate_table(before, after)
+    before = check_results(before, "before")
+    after = check_results(after, "after")
+    if not self.enabled:
+      return table
+    envs = sorted(before)
+    summary = {
+        "environments": envs,
+        "before": {env: before[env] for env in envs},
+        "after": {env: after[env] for env in envs},
+        "delta": {env: after[env]["pass_rate"] - before[env]["pass_rate"] for env in envs},
+        "mean": {"before": mean_pass_rate(before), "after": mean_pass_rate(after),
+                 "delta": mean_pass_rate(after) - mean_pass_rate(before)},
+        "table": table,
+    }
+    with open(self.path(SUMMARY_FILE), "w", encoding="utf-8") as f:
+      json.dump(summary, f, indent=1, ensure_ascii=False)
+    with open(self.path(RESULTS_FILE), "w", encoding="utf-8") as f:
+      f.write("# Results\n\nPass rate per environment on held-out seeds, before and after "
+              "training, with 95 % intervals; the last row is the unweighted mean across "
+              f"environments.\n\n{table}\n")
+    return table
+
+  def rewind(self, step: int) -> None:
+    """Forgets what was logged for steps > `step` (call it on resume, before logging).
+
+    Later lines of the JSONL files move to their *.discarded.jsonl side files (lines that do
+    not parse move there too, wrapped as {"unparsable_line": text}); TensorBoard is told to
+    purge its events from step + 1 on by a SessionLog.START event at step + 1. The wall clock
+    continues from the last kept metrics line.
+    """
+    self._check_open("rewind")
+    step = _check_step(step, "rewind")
+    if not self.enabled:
+      return
+    for name in JSONL_FILES:
+      kept_last = self._split_file(name, step)
+      if name == METRICS_FILE and kept_last is not None:
+        self._wall_offset = float(kept_last.get("wall", 0.0))
+        self._start = time.monotonic()
+    self._next_group = {s: n for s, n in self._next_group.items() if s <= step}
+    self._events.start_session(step + 1)
+
+  def _split_file(self, name: str, step: int) -> dict[str, Any] | None:
+    """Moves the lines of `name` logged after `step` to the side file; returns the last kept."""
+    path = self.path(name)
+    if not os.path.exists(path):
+      return None
+    with open(path, encoding="utf-8") as f:
+      lines = [line for line in f.read().split("\n") if line.strip()]
+    kept, moved, last = [], [], None
+    for line in lines:
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        record = None
+      line_step = record.get("step") if isinstance(record, dict) else None
+      if isinstance(line_step, bool) or not isinstance(line_step, int):
+        moved.append(json.dumps({"unparsable_line": line}, ensure_ascii=False))
+        continue
+      if line_step <= step:
+        kept.append(line)
+        last = record
+      else:
+        moved.append(line)
+    if not moved:
+      return last
+    # Side file first, then an atomic replace: a crash in between duplicates, never loses.
+    with open(self.path(discarded_name(name)), "a", encoding="utf-8") as f:
+      f.write("".join(line + "\n" for line in moved))
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+    return last
