@@ -1,0 +1,92 @@
+"""Checkpoints: the device train state (params, optimizer, step, RNG) plus host-side state.
+
+Orbax's CheckpointManager writes asynchronously and keeps the last N steps. A checkpoint has
+two items:
+
+  state   the TrainState pytree (arrays, saved sharded; restored onto any mesh: the caller
+          passes the shardings it wants, so restore onto a different mesh is a re-shard).
+  host    a JSON document that the host-side stages fill in (selector memory, guidance memory,
+          Python/numpy RNG state, task cursor…) so that a resumed run continues exactly.
+
+Host state is produced and consumed through `HostState` providers: objects with
+`state_dict() -> JSON-able dict` and `load_state_dict(dict)`, registered by name.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Protocol
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+
+
+class HostState(Protocol):
+
+  def state_dict(self) -> dict[str, Any]:
+    ...
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    ...
+
+
+class Checkpointer:
+  """Save/restore of (train state, host state) under `directory` (local path or bucket URL)."""
+
+  def __init__(self, directory: str | os.PathLike, *, keep: int = 3, async_save: bool = True,
+               save_every: int = 1):
+    if keep < 1:
+      raise ValueError(f"checkpoint keep must be >= 1, got {keep}")
+    self.directory = epath.Path(directory)
+    self._manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, save_interval_steps=save_every,
+            enable_async_checkpointing=async_save, create=True),
+        item_names=("state", "host"))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self._manager.all_steps())
+
+  def save(self, step: int, train_state: Any, host: Mapping[str, HostState] | None = None,
+           *, force: bool = False) -> bool:
+    """Starts an (async) save; returns False when `save_every` skips this step."""
+    host_doc = {name: provider.state_dict() for name, provider in (host or {}).items()}
+    return self._manager.save(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardSave(train_state),
+                                host=ocp.args.JsonSave(host_doc)),
+        force=force)
+
+  def restore(self, step: int | None, target: Any,
+              host: Mapping[str, HostState] | None = None) -> Any:
+    """Restores step (default: latest) onto `target`'s shardings; fills the host providers.
+
+    `target` is a pytree of arrays or `jax.ShapeDtypeStruct`s with concrete `sharding`s (the
+    mesh to restore onto), e.g. the freshly initialised train state.
+    """
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint to restore in {self.directory}")
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
+    restored = self._manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                      host=ocp.args.JsonRestore()))
+    host_doc = restored.host or {}
+    for name, provider in (host or {}).items():
+      if name not in host_doc:
+        raise KeyError(f"checkpoint step {step} in {self.directory} has no host state {name!r}; "
+                       f"it has {sorted(host_doc)}")
+      provider.load_state_dict(host_doc[name])
+    return restored.state
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()

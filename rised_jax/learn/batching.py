@@ -1,0 +1,123 @@
+"""Batch assembly: training rows → the dense, bucketed arrays of the Batch contract (types.py).
+
+A row is a prefix (system prompt, maybe a hint, first observation) and a response (everything
+after: agent turns and environment messages). Student and teacher rows of one rollout share the
+response ids and differ only in the prefix. Every prefix is LEFT-padded to one column P, so the
+response starts at column P in every student and teacher row, and responses are right-padded to
+R; P and R are rounded up to buckets so the step compiles once per bucket pair.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Row:
+  """One training row (one rollout)."""
+
+  prefix_ids: Sequence[int]             # the student prefix (what the policy is trained on)
+  response_ids: Sequence[int]
+  response_loss_mask: Sequence[int]      # 1 on agent tokens of the response
+  response_behaviour_logprobs: Sequence[float]
+  advantage: float                       # broadcast to every response token
+  teacher_prefix_ids: Sequence[int] | None = None   # None: no distillation for this row
+  cf_teacher_prefix_ids: Sequence[int] | None = None  # CriPO counterfactual teacher
+
+
+def bucket(length: int, multiple: int) -> int:
+  """Smallest multiple of `multiple` that holds `length` (at least one bucket)."""
+  return max(multiple, -(-length // multiple) * multiple)
+
+
+def _left_pad(ids: Sequence[int], width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  ids = np.asarray(ids, np.int32)
+  out = np.full(width, pad_id, np.int32)
+  mask = np.zeros(width, np.int32)
+  if len(ids):
+    out[width - len(ids):] = ids
+    mask[width - len(ids):] = 1
+  return out, mask
+
+
+def assemble(rows: Sequence[Row], *, pad_id: int, num_rows: int | None = None,
+             prefix_multiple: int = 64, response_multiple: int = 64,
+             with_distill: bool = False, with_counterfactual: bool = False) -> dict[str, np.ndarray]:
+  """Dense arrays for the train step. Extra all-padding rows fill up to `num_rows`.
+
+  Rows without a teacher keep their own prefix in the teacher columns and get a zero
+  distill_mask, so every row has the same shape and compiles once.
+  """
+  if not rows:
+    raise ValueError("cannot assemble a batch from zero rows")
+  num_rows = len(rows) if num_rows is None else num_rows
+  if num_rows < len(rows):
+    raise ValueError(f"num_rows={num_rows} is smaller than the {len(rows)} rows given")
+  for i, row in enumerate(rows):
+    n = len(row.response_ids)
+    if len(row.response_loss_mask) != n or len(row.response_behaviour_logprobs) != n:
+      raise ValueError(f"row {i}: response ids ({n}), loss mask ({len(row.response_loss_mask)}) "
+                       f"and behaviour log-probs ({len(row.response_behaviour_logprobs)}) differ")
+    if not row.prefix_ids:
+      raise ValueError(f"row {i}: empty prefix (the first response token needs a context)")
+
+  prefixes = [len(r.prefix_ids) for r in rows]
+  if with_distill:
+    prefixes += [len(r.teacher_prefix_ids) for r in rows if r.teacher_prefix_ids is not None]
+  if with_counterfactual:
+    prefixes += [len(r.cf_teacher_prefix_ids) for r in rows if r.cf_teacher_prefix_ids is not None]
+  p = bucket(max(prefixes), prefix_multiple)
+  r = bucket(max(len(row.response_ids) for row in rows), response_multiple)
+  t = p + r
+
+  def zeros(dtype):
+    return np.zeros((num_rows, t), dtype)
+
+  out = {
+      "input_ids": np.full((num_rows, t), pad_id, np.int32),
+      "attention_mask": zeros(np.int32),
+      "loss_mask": zeros(np.float32),
+      "advantages": zeros(np.float32),
+      "behaviour_logprobs": zeros(np.float32),
+  }
+  if with_distill:
+    out.update(teacher_input_ids=np.full((num_rows, t), pad_id, np.int32),
+               teacher_attention_mask=zeros(np.int32), distill_mask=zeros(np.float32))
+  if with_counterfactual:
+    out.update(cf_teacher_input_ids=np.full((num_rows, t), pad_id, np.int32),
+               cf_teacher_attention_mask=zeros(np.int32), cf_mask=zeros(np.float32))
+
+  for i, row in enumerate(rows):
+    n = len(row.response_ids)
+    response = np.asarray(row.response_ids, np.int32)
+    loss = np.asarray(row.response_loss_mask, np.float32)
+
+    def fill(ids_key, mask_key, prefix):
+      ids, mask = _left_pad(prefix, p, pad_id)
+      out[ids_key][i, :p], out[mask_key][i, :p] = ids, mask
+      out[ids_key][i, p:p + n] = response
+      out[mask_key][i, p:p + n] = 1
+
+    fill("input_ids", "attention_mask", row.prefix_ids)
+    out["loss_mask"][i, p:p + n] = loss
+    out["advantages"][i, p:p + n] = row.advantage * loss
+    out["behaviour_logprobs"][i, p:p + n] = np.asarray(row.response_behaviour_logprobs) * loss
+    if with_distill:
+      has_teacher = row.teacher_prefix_ids is not None
+      fill("teacher_input_ids", "teacher_attention_mask",
+           row.teacher_prefix_ids if has_teacher else row.prefix_ids)
+      if has_teacher:
+        out["distill_mask"][i, p:p + n] = loss
+    if with_counterfactual:
+      has_cf = row.cf_teacher_prefix_ids is not None
+      fill("cf_teacher_input_ids", "cf_teacher_attention_mask",
+           row.cf_teacher_prefix_ids if has_cf else row.prefix_ids)
+      if has_cf:
+        out["cf_mask"][i, p:p + n] = loss
+  # Padding rows: one attended token so every row has a real position 0; no loss anywhere.
+  for key in ("attention_mask", "teacher_attention_mask", "cf_teacher_attention_mask"):
+    if key in out:
+      out[key][len(rows):, p - 1] = 1
+  return out

@@ -1,0 +1,413 @@
+"""The one fused, pure, sharded training step: policy gradient + self-teacher distillation.
+
+    step(state, batch) -> (state, metrics)
+
+For each micro-batch: student hidden states (with gradient), teacher hidden states over the
+teacher rows (stop-gradient; the live parameters by default, an EMA or the frozen initial
+parameters as options), then `chunked.token_stats_chunked` forms student and teacher logits one
+sequence chunk at a time and reduces them to per-token log-probs, entropies and divergences.
+From those [B, T] arrays: the clipped policy-gradient loss on per-token advantages (optionally
+edited by CriPO's counterfactual teacher, a second stop-gradient forward), the distillation
+loss on `distill_mask` (optionally localised, CriPO's UC branch), and the optional
+reference-KL penalty. Every part is a (sum, denominator) pair; denominators are computed over
+the whole batch first, so accumulation over micro-batches and data-parallel shards gives the
+exact global mean (`micro_batches` only trades memory for time).
+
+The batch contract is in rised_jax/types.py. Optional keys switch optional parts on, and the
+StepConfig flags say which keys the step expects, so a missing key is an error before compile.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from rised_jax import parallel
+from rised_jax.learn import chunked, cripo, losses
+
+Array = jax.Array
+TEACHERS = ("live", "ema", "frozen")
+DISTILL_NORMS = ("distill-tokens", "kept-tokens")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+  """Static settings of the step (hashable: the step is compiled for one of these)."""
+
+  # policy gradient (ALGORITHMS.md §1.2)
+  aggregation: str = "seq-mean-token-mean"
+  eps_low: float = 0.2
+  eps_high: float = 0.2
+  dual_clip: float | None = None
+  importance_cap: float | None = 2.0       # truncated behaviour importance weight C
+  seq_len_norm: float = 1.0                 # L_norm of seq-mean-token-sum-norm
+  # reference KL (needs batch["ref_logprobs"])
+  ref_kl_coef: float = 0.0
+  ref_kl_estimator: str = "k3"
+  # distillation (§1.3, §1.4); beta = 0 switches the teacher off entirely
+  beta: float = 0.0
+  beta_warmup_steps: int = 0
+  teacher: str = "live"                     # live | ema | frozen
+  ema_rate: float = 0.05
+  divergence: str = "forward-kl"
+  topk: int | None = None
+  clamp: float | None = None
+  # CriPO (§3): localised distillation and the counterfactual advantage flip
+  localize: bool = False
+  localize_gamma: float = 0.95
+  localize_edge_frac: float = 0.01
+  distill_norm: str = "distill-tokens"      # normaliser of L_distill, see `_distill_denominator`
+  counterfactual: bool = False
+  flip_alpha: float = 0.1
+  flip_tau: float = 0.1
+  # execution
+  chunk: int = 256
+  micro_batches: int = 1
+
+  def __post_init__(self):
+    if self.aggregation not in losses.AGGREGATIONS:
+      raise ValueError(f"aggregation {self.aggregation!r}: expected one of "
+                       f"{sorted(losses.AGGREGATIONS)}")
+    if self.teacher not in TEACHERS:
+      raise ValueError(f"teacher {self.teacher!r}: expected one of {TEACHERS}")
+    if self.distill_norm not in DISTILL_NORMS:
+      raise ValueError(f"distill_norm {self.distill_norm!r}: expected one of {DISTILL_NORMS}")
+    if self.distill_norm == "kept-tokens" and self.micro_batches > 1:
+      raise ValueError("distill_norm='kept-tokens' depends on the forward pass, so it is exact "
+                       "only with micro_batches=1; use 'distill-tokens' to micro-batch")
+    if self.beta < 0 or self.ref_kl_coef < 0:
+      raise ValueError(f"beta ({self.beta}) and ref_kl_coef ({self.ref_kl_coef}) must be >= 0")
+    if self.micro_batches < 1 or self.chunk < 1:
+      raise ValueError(f"micro_batches ({self.micro_batches}) and chunk ({self.chunk}) must be >= 1")
+    if self.localize and not self.distills:
+      raise ValueError("localize=True needs a distillation weight beta > 0")
+    if self.ref_kl_estimator not in losses.KL_ESTIMATORS:
+      raise ValueError(f"ref_kl_estimator {self.ref_kl_estimator!r}: expected one of "
+                       f"{sorted(losses.KL_ESTIMATORS)}")
+
+  @property
+  def distills(self) -> bool:
+    return self.beta > 0
+
+  @property
+  def needs_teacher_params(self) -> bool:
+    return (self.distills or self.counterfactual) and self.teacher != "live"
+
+  def required_keys(self) -> tuple[str, ...]:
+    keys = ["input_ids", "attention_mask", "loss_mask", "advantages"]
+    if self.distills:
+      keys += ["teacher_input_ids", "teacher_attention_mask", "distill_mask"]
+    if self.counterfactual:
+      keys += ["cf_teacher_input_ids", "cf_teacher_attention_mask", "cf_mask"]
+    if self.ref_kl_coef > 0:
+      keys += ["ref_logprobs"]
+    return tuple(keys)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+  """Everything the step reads and writes; a pytree, donated to the step."""
+
+  step: Array                  # int32 []
+  params: Any                  # nnx.State of the model's nnx.Param variables
+  opt_state: Any
+  rng: Array                   # uint32 [2] raw key (checkpoint-friendly)
+  teacher_params: Any = None   # EMA or frozen teacher; None for the live teacher
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  learning_rate: float = 1e-6
+  warmup_steps: int = 0
+  schedule: str = "constant"   # constant | cosine | linear (decay to end_lr after warm-up)
+  total_steps: int = 1
+  end_learning_rate: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+  weight_decay: float = 0.0
+  max_grad_norm: float | None = 1.0
+
+
+def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:
+  decay_steps = max(cfg.total_steps - cfg.warmup_steps, 1)
+  if cfg.schedule == "constant":
+    after = optax.constant_schedule(cfg.learning_rate)
+  elif cfg.schedule == "cosine":
+    after = optax.cosine_decay_schedule(cfg.learning_rate, decay_steps,
+                                        alpha=cfg.end_learning_rate / max(cfg.learning_rate, 1e-30))
+  elif cfg.schedule == "linear":
+    after = optax.linear_schedule(cfg.learning_rate, cfg.end_learning_rate, decay_steps)
+  else:
+    raise ValueError(f"optimizer schedule {cfg.schedule!r}: expected constant, cosine or linear")
+  if cfg.warmup_steps <= 0:
+    return after
+  warmup = optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)
+  return optax.join_schedules([warmup, after], [cfg.warmup_steps])
+
+
+def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
+  """AdamW with optional global-norm clipping; the learning rate is an optax schedule."""
+  adamw = optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                      weight_decay=cfg.weight_decay)
+  if cfg.max_grad_norm is None:
+    return adamw
+  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
+
+
+# ----------------------------------------------------------------------------- the loss
+
+
+def _distill_denominator(config: StepConfig, distill_mask: Array) -> Array:
+  """The normaliser of L_distill that can be known before the forward pass.
+
+  "distill-tokens" (default): the number of tokens in `distill_mask`, so L_distill is the mean
+  divergence over every distillation token, with localisation zeroing the tokens it drops
+  (exact under micro-batching). "kept-tokens" (the literal "mean KL over the kept tokens"):
+  the denominator is counted in the forward pass instead (see `_micro_loss`).
+  """
+  return distill_mask.astype(jnp.float32).sum()
+
+
+def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig, mb: Mapping[str, Array],
+                denominators: Mapping[str, Array], beta: Array):
+  """Loss of one micro-batch, already divided by the global denominators, plus metric sums."""
+  model = nnx.merge(graphdef, params, rest)
+  loss_mask = mb["loss_mask"].astype(jnp.float32)
+  student_hidden = model.hidden_states(mb["input_ids"], mb["attention_mask"])
+
+  teacher_model = None
+  if config.distills or config.counterfactual:
+    frozen = params if teacher_params is None else teacher_params
+    teacher_model = nnx.merge(graphdef, jax.lax.stop_gradient(frozen), rest)
+
+  teacher_hidden = None
+  if config.distills:
+    teacher_hidden = teacher_model.hidden_states(mb["teacher_input_ids"],
+                                                 mb["teacher_attention_mask"])
+  stats = chunked.token_stats_chunked(
+      student_hidden, teacher_hidden, model.logits, mb["input_ids"], chunk=config.chunk,
+      divergence=config.divergence, topk=config.topk, clamp=config.clamp,
+      teacher_logits_fn=None if teacher_model is None else teacher_model.logits)
+
+  advantages = mb["advantages"].astype(jnp.float32)
+  metrics: dict[str, Array] = {}
+  if config.counterfactual:
+    cf_hidden = teacher_model.hidden_states(mb["cf_teacher_input_ids"],
+                                            mb["cf_teacher_attention_mask"])
+    cf_logprob, cf_log_max = chunked.teacher_token_stats_chunked(
+        cf_hidden, teacher_model.logits, mb["input_ids"], chunk=config.chunk)
+    advantages, flipped = cripo.counterfactual_flips(
+        jax.lax.stop_gradient(stats.logprob), cf_logprob, cf_log_max, advantages,
+        mb["cf_mask"] * loss_mask, alpha=config.flip_alpha, tau_flip=config.flip_tau)
+    metrics["flipped_tokens"] = flipped.astype(jnp.float32).sum()
+
+  old_logprobs = mb.get("old_logprobs", jax.lax.stop_gradient(stats.logprob))
+  pg = losses.clipped_policy_gradient(
+      stats.logprob, old_logprobs, advantages, loss_mask, mb.get("behaviour_logprobs"),
+      eps_low=config.eps_low, eps_high=config.eps_high, dual_clip=config.dual_clip,
+      importance_cap=config.importance_cap)
+  pg_sum, _ = losses.AGGREGATIONS[config.aggregation](
+      pg.loss, loss_mask, seq_len_norm=config.seq_len_norm)
+  loss = pg_sum / jnp.maximum(denominators["pg"], 1e-9)
+
+  metrics.update(
+      pg_loss=pg_sum,
+      entropy=(stats.entropy * loss_mask).sum(),
+      clip_frac=((pg.clipped_high + pg.clipped_low) * loss_mask).sum(),
+      dual_clip_frac=(pg.clipped_dual * loss_mask).sum(),
+      is_truncated_frac=(pg.weight_truncated * loss_mask).sum(),
+      approx_kl_old=(losses.reference_kl(jax.lax.stop_gradient(stats.logprob), old_logprobs,
+                                         loss_mask, estimator="k3") * loss_mask).sum(),
+  )
+
+  if config.distills:
+    distill_mask = mb["distill_mask"].astype(jnp.float32)
+    if config.localize:
+      distill_mask = cripo.localisation_mask(
+          jax.lax.stop_gradient(stats.divergence), distill_mask, gamma=config.localize_gamma,
+          kl_clamp=config.clamp if config.clamp is not None else float("inf"),
+          edge_fraction=config.localize_edge_frac).astype(jnp.float32)
+    distill_sum = (stats.divergence * distill_mask).sum()
+    distill_den = (distill_mask.sum() if config.distill_norm == "kept-tokens"
+                   else denominators["distill"])
+    loss = loss + beta * distill_sum / jnp.maximum(distill_den, 1e-9)
+    metrics.update(distill_loss=distill_sum, kept_tokens=distill_mask.sum())
+
+  if config.ref_kl_coef > 0:
+    ref_kl = losses.reference_kl(stats.logprob, mb["ref_logprobs"], loss_mask,
+                                 estimator=config.ref_kl_estimator)
+    ref_sum, _ = losses.AGGREGATIONS[config.aggregation](ref_kl, loss_mask,
+                                                         seq_len_norm=config.seq_len_norm)
+    loss = loss + config.ref_kl_coef * ref_sum / jnp.maximum(denominators["pg"], 1e-9)
+    metrics["ref_kl"] = ref_sum
+  return loss, metrics
+
+
+def _split_micro(batch: Mapping[str, Array], micro_batches: int) -> dict[str, Array]:
+  """[B, ...] → [M, B/M, ...] with micro-batch m = rows m, m + M, m + 2M, …
+
+  Strided (not contiguous) so that each micro-batch keeps rows from every data shard.
+  """
+  def one(x):
+    if x.ndim == 0:
+      return x
+    rows = x.shape[0]
+    x = x.reshape(rows // micro_batches, micro_batches, *x.shape[1:])
+    return jnp.swapaxes(x, 0, 1)
+  return {k: one(v) for k, v in batch.items()}
+
+
+def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
+                 config: StepConfig) -> Callable[[TrainState, Mapping[str, Array]],
+                                                 tuple[TrainState, dict[str, Array]]]:
+  """The pure step; `jit_step` compiles it with shardings."""
+
+  def step(state: TrainState, batch: Mapping[str, Array]):
+    beta = cripo.beta_schedule(state.step, config.beta, config.beta_warmup_steps)
+    loss_mask = batch["loss_mask"].astype(jnp.float32)
+    _, pg_den = losses.AGGREGATIONS[config.aggregation](
+        jnp.zeros_like(loss_mask), loss_mask, seq_len_norm=config.seq_len_norm)
+    denominators = {"pg": pg_den}
+    if config.distills:
+      denominators["distill"] = _distill_denominator(config, batch["distill_mask"])
+
+    grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
+
+    def accumulate(carry, mb):
+      grads, loss, metric_sums = carry
+      (mb_loss, mb_metrics), mb_grads = grad_fn(state.params, rest, state.teacher_params,
+                                                graphdef, config, mb, denominators, beta)
+      grads = jax.tree.map(jnp.add, grads, mb_grads)
+      metric_sums = jax.tree.map(jnp.add, metric_sums, mb_metrics)
+      return (grads, loss + mb_loss, metric_sums), None
+
+    if config.micro_batches == 1:
+      (loss, metric_sums), grads = grad_fn(state.params, rest, state.teacher_params, graphdef,
+                                           config, batch, denominators, beta)
+    else:
+      micro = _split_micro(batch, config.micro_batches)
+      first = jax.tree.map(lambda x: x[0] if x.ndim else x, micro)
+      metric_shapes = jax.eval_shape(
+          lambda: _micro_loss(state.params, rest, state.teacher_params, graphdef, config, first,
+                              denominators, beta)[1])
+      zeros = (jax.tree.map(jnp.zeros_like, state.params), jnp.zeros((), jnp.float32),
+               jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes))
+      (grads, loss, metric_sums), _ = jax.lax.scan(accumulate, zeros, micro)
+
+    grad_norm = optax.tree.norm(grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    teacher_params = state.teacher_params
+    if config.teacher == "ema" and teacher_params is not None:
+      teacher_params = jax.tree.map(lambda t, p: t + config.ema_rate * (p - t),
+                                    teacher_params, params)
+
+    tokens = loss_mask.sum()
+    per_token = lambda x: losses.mean_from_parts(x, tokens)  # noqa: E731
+    metrics = {
+        "loss": loss,
+        "pg_loss": losses.mean_from_parts(metric_sums["pg_loss"], pg_den),
+        "entropy": per_token(metric_sums["entropy"]),
+        "clip_frac": per_token(metric_sums["clip_frac"]),
+        "dual_clip_frac": per_token(metric_sums["dual_clip_frac"]),
+        "is_truncated_frac": per_token(metric_sums["is_truncated_frac"]),
+        "approx_kl_old": per_token(metric_sums["approx_kl_old"]),
+        "grad_norm": grad_norm,
+        "beta": beta,
+        "loss_tokens": tokens,
+        "sequences": (loss_mask.sum(-1) > 0).sum().astype(jnp.float32),
+    }
+    if config.distills:
+      distill_tokens = denominators["distill"]
+      metrics["distill_loss"] = losses.mean_from_parts(metric_sums["distill_loss"],
+                                                       metric_sums["kept_tokens"])
+      metrics["distill_tokens"] = distill_tokens
+      metrics["kept_frac"] = losses.mean_from_parts(metric_sums["kept_tokens"], distill_tokens)
+    if config.counterfactual:
+      metrics["flip_frac"] = per_token(metric_sums["flipped_tokens"])
+    if config.ref_kl_coef > 0:
+      metrics["ref_kl"] = losses.mean_from_parts(metric_sums["ref_kl"], pg_den)
+
+    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
+                           rng=jax.random.split(state.rng)[0] if state.rng.ndim == 1
+                           else state.rng, teacher_params=teacher_params)
+    return new_state, metrics
+
+  return step
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+@dataclasses.dataclass
+class Trainable:
+  """The compiled step and what it needs: graph definition, non-param state, shardings."""
+
+  graphdef: Any
+  rest: Any
+  optimizer: optax.GradientTransformation
+  config: StepConfig
+  mesh: Mesh
+  state_shardings: Any
+  step: Callable[[TrainState, Mapping[str, Array]], tuple[TrainState, dict[str, Array]]]
+
+  def model(self, state: TrainState) -> nnx.Module:
+    """The model with the state's parameters (for sampling, export, evaluation)."""
+    return nnx.merge(self.graphdef, state.params, self.rest)
+
+  def put_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, Array]:
+    """Checks the batch keys and places this process's rows as the global batch."""
+    missing = [k for k in self.config.required_keys() if k not in batch]
+    if missing:
+      raise KeyError(f"batch lacks {missing} needed by this StepConfig; it has {sorted(batch)}")
+    rows = {k: np.asarray(v).shape[0] for k, v in batch.items() if np.ndim(v)}
+    if len(set(rows.values())) != 1:
+      raise ValueError(f"batch arrays disagree on the number of rows: {rows}")
+    data_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    global_rows = next(iter(rows.values())) * jax.process_count()
+    if global_rows % (data_shards * self.config.micro_batches):
+      raise ValueError(
+          f"global batch of {global_rows} rows must be divisible by data×fsdp ({data_shards}) × "
+          f"micro_batches ({self.config.micro_batches})")
+    return parallel.global_batch(batch, self.mesh)
+
+
+def create(model: nnx.Module, optimizer: optax.GradientTransformation, config: StepConfig,
+           mesh: Mesh, *, seed: int = 0,
+           rules: Mapping[str, str | None] = parallel.LOGICAL_RULES) -> tuple[Trainable, TrainState]:
+  """Shards the model's parameters over `mesh`, builds the train state and the jitted step."""
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  param_shardings = parallel.state_shardings(params, mesh, rules)
+  params = jax.device_put(params, param_shardings)
+  opt_shapes = jax.eval_shape(optimizer.init, params)
+  opt_shardings = parallel.like_params_shardings(opt_shapes, params, param_shardings, mesh)
+  opt_state = jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
+  replicated = NamedSharding(mesh, P())
+  teacher_params = None
+  teacher_shardings = None
+  if config.needs_teacher_params:
+    teacher_params = jax.tree.map(jnp.copy, params)
+    teacher_shardings = param_shardings
+  state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), replicated), params=params,
+                     opt_state=opt_state,
+                     rng=jax.device_put(jax.random.key_data(jax.random.key(seed)), replicated),
+                     teacher_params=teacher_params)
+  state_shardings = TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings,
+                               rng=replicated, teacher_params=teacher_shardings)
+  step_fn = make_step_fn(graphdef, rest, optimizer, config)
+  # The batch keeps the shardings `Trainable.put_batch` gave it.
+  jitted = jax.jit(step_fn, in_shardings=(state_shardings, None),
+                   out_shardings=(state_shardings, replicated), donate_argnums=0)
+  return Trainable(graphdef=graphdef, rest=rest, optimizer=optimizer, config=config, mesh=mesh,
+                   state_shardings=state_shardings, step=jitted), state

@@ -1,0 +1,192 @@
+"""Device mesh, logical-axis → mesh-axis rules, shardings, and multi-host start-up.
+
+The mesh has three axes, always in this order:
+
+  data    pure data parallelism: parameters replicated, batch split.
+  fsdp    fully-sharded data parallelism: the batch is split AND parameters / optimizer state
+          are sharded along their `embed` dimension (gathered per layer by XLA).
+  tensor  tensor (model) parallelism: heads, MLP width and vocabulary are split.
+
+Parameters carry logical axis names in their metadata (`out_sharding`, set by the decoder);
+`LOGICAL_RULES` maps them to mesh axes. A dimension whose size the mesh axis does not divide
+stays replicated (tiny test configs on many devices), and a mesh axis is used at most once per
+array, so any config runs on any mesh.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+# logical axis name -> mesh axis (or None: replicated)
+LOGICAL_RULES: Mapping[str, str | None] = {
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "head_dim": None,
+    "norm": None,
+    "layers": None,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshShape:
+  """Sizes of the ('data', 'fsdp', 'tensor') axes; one of them may be -1 (all the rest)."""
+
+  data: int = 1
+  fsdp: int = -1
+  tensor: int = 1
+
+  def resolve(self, num_devices: int) -> tuple[int, int, int]:
+    sizes = [self.data, self.fsdp, self.tensor]
+    if sizes.count(-1) > 1:
+      raise ValueError(f"mesh shape {sizes} (data, fsdp, tensor): at most one axis may be -1")
+    if any(s == 0 or s < -1 for s in sizes):
+      raise ValueError(f"mesh shape {sizes} (data, fsdp, tensor): sizes must be positive or -1")
+    known = int(np.prod([s for s in sizes if s != -1]))
+    if -1 in sizes:
+      if num_devices % known:
+        raise ValueError(
+            f"mesh shape {sizes} (data, fsdp, tensor) does not divide the {num_devices} devices")
+      sizes[sizes.index(-1)] = num_devices // known
+    if int(np.prod(sizes)) != num_devices:
+      raise ValueError(
+          f"mesh shape {sizes} (data, fsdp, tensor) needs {int(np.prod(sizes))} devices, "
+          f"found {num_devices}")
+    return tuple(sizes)
+
+
+def make_mesh(shape: MeshShape = MeshShape(), devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh in classic GSPMD (Auto) mode over all devices."""
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = shape.resolve(len(devices))
+  if devices == list(jax.devices()):
+    return jax.make_mesh(sizes, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+  return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def logical_to_spec(names: Sequence[str | None] | None, shape: Sequence[int], mesh: Mesh,
+                    rules: Mapping[str, str | None] = LOGICAL_RULES) -> P:
+  """PartitionSpec for one array from its logical axis names."""
+  if not names:
+    return P()
+  if len(names) != len(shape):
+    raise ValueError(f"logical axes {tuple(names)} do not match an array of shape {tuple(shape)}")
+  used: set[str] = set()
+  spec = []
+  for name, size in zip(names, shape):
+    if name is not None and name not in rules:
+      raise ValueError(f"logical axis {name!r} has no rule; known: {sorted(rules)}")
+    axis = rules.get(name) if name is not None else None
+    if axis is None or axis in used or size % mesh.shape[axis]:
+      spec.append(None)
+    else:
+      spec.append(axis)
+      used.add(axis)
+  return P(*spec)
+
+
+def _logical_names(variable: nnx.Variable) -> tuple[str | None, ...] | None:
+  meta = variable.get_metadata()
+  return meta.get("out_sharding") or meta.get("sharding_names") or None
+
+
+def state_shardings(state: nnx.State, mesh: Mesh,
+                    rules: Mapping[str, str | None] = LOGICAL_RULES) -> Any:
+  """NamedShardings (same tree as `state`) from the variables' logical-axis metadata."""
+  def one(variable):
+    if isinstance(variable, nnx.Variable):
+      value = variable.get_value()
+      return variable.replace(NamedSharding(
+          mesh, logical_to_spec(_logical_names(variable), value.shape, mesh, rules)))
+    return NamedSharding(mesh, P())
+  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def like_params_shardings(tree: Any, params: Any, param_shardings: Any, mesh: Mesh) -> Any:
+  """Shardings for a tree (e.g. optimizer state) whose sub-trees mirror the params.
+
+  Any sub-tree with the params' structure (Adam's mu and nu, EMA copies) gets the params'
+  shardings; every other leaf (counts, scalars) is replicated.
+  """
+  params_def = jax.tree.structure(params)
+  flat_param_shardings = jax.tree.leaves(param_shardings)
+  replicated = NamedSharding(mesh, P())
+
+  def is_params_like(x):
+    try:
+      return jax.tree.structure(x) == params_def
+    except Exception:  # noqa: BLE001 - foreign leaf types are simply not param-like
+      return False
+
+  def one(x):
+    if is_params_like(x):
+      return jax.tree.unflatten(params_def, flat_param_shardings)
+    return replicated
+  return jax.tree.map(one, tree, is_leaf=is_params_like)
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+  """Rows split over ('data', 'fsdp'); every other dimension replicated."""
+  return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def global_batch(local: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Builds global arrays from this process's rows (multi-host: each host feeds its shard).
+
+  On one process this is a plain device_put with the batch sharding. Scalars are replicated.
+  """
+  out = {}
+  for key, value in local.items():
+    value = np.asarray(value)
+    if value.ndim == 0:
+      out[key] = jax.device_put(value, replicated(mesh))
+    else:
+      out[key] = jax.make_array_from_process_local_data(batch_sharding(mesh, value.ndim), value)
+  return out
+
+
+def init_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
+                     process_id: int | None = None, local_device_ids: Sequence[int] | None = None,
+                     cpu_collectives: str | None = None) -> None:
+  """Starts multi-host JAX. On TPU pods and SLURM all arguments may be left None (auto-detect).
+
+  `cpu_collectives="gloo"` enables cross-process collectives for CPU devices (tests, debugging).
+  """
+  if cpu_collectives:
+    jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
+  if num_processes is not None and num_processes < 1:
+    raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+  jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                             process_id=process_id, local_device_ids=local_device_ids)
+  logging.info("jax.distributed: process %d of %d, %d local / %d global devices",
+               jax.process_index(), jax.process_count(), jax.local_device_count(),
+               jax.device_count())
+
+
+def process_rows(mesh: Mesh, num_rows: int) -> slice:
+  """The contiguous rows of a [num_rows, ...] global batch that this process must feed."""
+  sharding = batch_sharding(mesh, 1)
+  index_map = sharding.addressable_devices_indices_map((num_rows,))
+  starts = [idx[0].start or 0 for idx in index_map.values()]
+  stops = [num_rows if idx[0].stop is None else idx[0].stop for idx in index_map.values()]
+  lo, hi = min(starts), max(stops)
+  covered = sum(stop - start for start, stop in set(zip(starts, stops)))
+  if covered != hi - lo:
+    raise ValueError(f"this process's devices hold non-contiguous rows of the batch on mesh "
+                     f"{dict(mesh.shape)}; order the mesh devices by process")
+  return slice(lo, hi)
