@@ -1,0 +1,186 @@
+"""Experiment configuration: ml_collections defaults, algorithm presets, and validation.
+
+An experiment file (experiments/configs/*.py) has `get_config(arg)` returning the ConfigDict of
+`default_config()` with its own values, then `apply_preset(config)` composes the stages of the
+named algorithm. `validate(config)` checks every key and value with a clear error before
+anything is loaded or compiled; the typed pieces (StepConfig, OptimizerConfig) come from it.
+
+Algorithms are configs composing stages, not branches in the trainer:
+
+  preset             selector          teacher  guidance  step
+  rised              rised (MMR)        on       on        GRPO seq-mean-token-mean
+  rised_no_select    random-from-pool   on       on
+  rised_no_teacher   rised              off      on
+  rised_no_guidance  rised              on       off
+  grpo               uniform            off      off
+  dapo               dapo filter        off      off       token-mean, ε_high 0.28
+  variance           reward-variance    off      off
+  env_curriculum     env-curriculum     off      off
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_collections
+
+from rised_jax.learn import train_step
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.algorithm = "rised"
+  c.seed = 0
+
+  c.model = ml_collections.ConfigDict()
+  c.model.source = "smollm2-135m-instruct"   # HF dir, .gguf path, or packaged name
+  c.model.dtype = "float32"
+  c.model.remat = False
+
+  c.envs = ml_collections.ConfigDict()
+  c.envs.names = ["sokoban", "frozenlake", "countdown", "maze"]
+  c.envs.difficulty = ml_collections.ConfigDict()   # per env name: {knob: value}
+  c.envs.max_turns = 0                               # 0: each environment's own
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.engine = "jax"                 # jax | sglang
+  c.rollout.sglang_url = "http://127.0.0.1:30000"
+  c.rollout.group_size = 4                 # G
+  c.rollout.temperature = 1.0
+  c.rollout.top_p = 1.0
+  c.rollout.top_k = 0
+  c.rollout.max_new_tokens_per_turn = 64
+  c.rollout.max_total_tokens = 1024
+  c.rollout.max_batch = 64
+
+  c.judge = ml_collections.ConfigDict()
+  c.judge.backend = "rules"                # rules | genai | openai | inprocess
+  c.judge.vocabulary = ""                  # a JSON file; "" = the built-in agentic_v1
+  c.judge.options = ml_collections.ConfigDict()   # backend options (model, base_url, …)
+
+  c.select = ml_collections.ConfigDict()
+  c.select.name = "rised"
+  c.select.pool_groups = 8                 # K candidate groups rolled out per step
+  c.select.batch_groups = 4                # B groups trained on per step
+  c.select.options = ml_collections.ConfigDict()   # selector-specific (λ, objective, memory…)
+
+  c.advantage = "grpo"                     # grpo | drgrpo | rloo (learn/advantages.py)
+
+  c.teacher = ml_collections.ConfigDict()
+  c.teacher.enabled = True
+  c.teacher.options = ml_collections.ConfigDict()  # teach.PositiveTeacher options
+  c.guidance = ml_collections.ConfigDict()
+  c.guidance.enabled = True
+  c.guidance.train_with_hint = False       # §2.6: False trains on the hint-free prompt + IW
+  c.guidance.options = ml_collections.ConfigDict(dict(rate=0.1, threshold=0.3, top_m=2))
+
+  c.step = ml_collections.ConfigDict(dataclasses.asdict(train_step.StepConfig(beta=0.05)))
+  c.optim = ml_collections.ConfigDict(dataclasses.asdict(train_step.OptimizerConfig()))
+  c.batching = ml_collections.ConfigDict(dict(prefix_multiple=64, response_multiple=128))
+
+  c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 10
+  c.train.eval_every = 0                   # 0: only before and after training
+  c.train.checkpoint_every = 1
+  c.train.keep_checkpoints = 2
+  c.train.log_every = 1
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.episodes_per_env = 16
+  c.eval.seed_offset = 1_000_000           # held-out seeds: never used for training tasks
+  c.eval.temperature = 0.0
+  return c
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "rised": {"select.name": "rised", "teacher.enabled": True, "guidance.enabled": True},
+    "rised_no_select": {"select.name": "random", "teacher.enabled": True, "guidance.enabled": True},
+    "rised_no_teacher": {"select.name": "rised", "teacher.enabled": False,
+                         "guidance.enabled": True},
+    "rised_no_guidance": {"select.name": "rised", "teacher.enabled": True,
+                          "guidance.enabled": False},
+    "grpo": {"select.name": "uniform", "teacher.enabled": False, "guidance.enabled": False},
+    "dapo": {"select.name": "dapo", "teacher.enabled": False, "guidance.enabled": False,
+             "step.aggregation": "token-mean", "step.eps_high": 0.28},
+    "variance": {"select.name": "variance", "teacher.enabled": False, "guidance.enabled": False},
+    "env_curriculum": {"select.name": "env_curriculum", "teacher.enabled": False,
+                       "guidance.enabled": False},
+}
+
+
+def _set(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
+  *parents, leaf = dotted.split(".")
+  node = config
+  for name in parents:
+    node = node[name]
+  node[leaf] = value
+
+
+def apply_preset(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Sets the stage choices of `config.algorithm` (see the module docstring)."""
+  if config.algorithm not in PRESETS:
+    raise ValueError(f"config.algorithm={config.algorithm!r}: expected one of {sorted(PRESETS)}")
+  for dotted, value in PRESETS[config.algorithm].items():
+    _set(config, dotted, value)
+  if not config.teacher.enabled:
+    config.step.beta = 0.0
+  if config.select.name == "uniform":   # plain GRPO trains on every group it rolls out
+    config.select.pool_groups = config.select.batch_groups
+  return config
+
+
+def step_config(config: ml_collections.ConfigDict) -> train_step.StepConfig:
+  return _typed(train_step.StepConfig, config.step, "config.step")
+
+
+def optimizer_config(config: ml_collections.ConfigDict) -> train_step.OptimizerConfig:
+  cfg = _typed(train_step.OptimizerConfig, config.optim, "config.optim")
+  return dataclasses.replace(cfg, total_steps=max(cfg.total_steps, config.train.steps))
+
+
+def _typed(cls, node: ml_collections.ConfigDict, where: str):
+  known = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(node.keys()) - known)
+  if unknown:
+    raise ValueError(f"{where} has unknown keys {unknown}; known: {sorted(known)}")
+  try:
+    return cls(**node.to_dict())
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{where}: {e}") from e
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Every check that can fail before loading or compiling anything."""
+  from rised_jax import envs  # noqa: PLC0415 - keeps `config` importable without the envs
+
+  step_config(config)
+  optimizer_config(config)
+  unknown = [n for n in config.envs.names if n not in envs.names()]
+  if unknown or not config.envs.names:
+    raise ValueError(f"config.envs.names={list(config.envs.names)}: unknown {unknown}; "
+                     f"available {envs.names()}")
+  for name, knobs in config.envs.difficulty.items():
+    if name not in config.envs.names:
+      raise ValueError(f"config.envs.difficulty.{name}: {name!r} is not in config.envs.names")
+    bad = sorted(set(knobs.keys()) - set(envs.difficulty_keys(name)))
+    if bad:
+      raise ValueError(f"config.envs.difficulty.{name} has unknown knobs {bad}; "
+                       f"{name} takes {envs.difficulty_keys(name)}")
+  if config.rollout.engine not in ("jax", "sglang"):
+    raise ValueError(f"config.rollout.engine={config.rollout.engine!r}: expected 'jax' or 'sglang'")
+  if config.rollout.group_size < 2:
+    raise ValueError(f"config.rollout.group_size={config.rollout.group_size}: group advantages "
+                     "need at least 2 rollouts per task")
+  if config.select.batch_groups > config.select.pool_groups:
+    raise ValueError(f"config.select.batch_groups={config.select.batch_groups} exceeds "
+                     f"config.select.pool_groups={config.select.pool_groups}")
+  if config.train.steps < 0 or config.eval.episodes_per_env < 1:
+    raise ValueError("config.train.steps must be >= 0 and config.eval.episodes_per_env >= 1")
+  from rised_jax.learn import advantages  # noqa: PLC0415
+  if config.advantage not in advantages.ADVANTAGES:
+    raise ValueError(f"config.advantage={config.advantage!r}: expected one of "
+                     f"{sorted(advantages.ADVANTAGES)}")
+  if config.model.dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"config.model.dtype={config.model.dtype!r}: expected float32 or bfloat16")
