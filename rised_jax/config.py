@@ -30,6 +30,7 @@ from rised_jax.learn import train_step
 def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.algorithm = "rised"
+  c.pipeline = "agentic"                   # agentic (RISED, baselines) | rubric (CriPO)
   c.seed = 0
 
   c.model = ml_collections.ConfigDict()
@@ -52,6 +53,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.max_new_tokens_per_turn = 64
   c.rollout.max_total_tokens = 1024
   c.rollout.max_batch = 64
+  # JaxEngine shape buckets: each (batch, prompt, new-token) bucket compiles once.
+  c.rollout.prompt_buckets = [256, 512, 1024, 2048, 4096]
+  c.rollout.new_token_buckets = [32, 128, 512]
 
   c.judge = ml_collections.ConfigDict()
   c.judge.backend = "rules"                # rules | genai | openai | inprocess
@@ -168,6 +172,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if bad:
       raise ValueError(f"config.envs.difficulty.{name} has unknown knobs {bad}; "
                        f"{name} takes {envs.difficulty_keys(name)}")
+  from rised_jax import pipelines  # noqa: PLC0415
+  if config.pipeline not in pipelines.PIPELINES:
+    raise ValueError(f"config.pipeline={config.pipeline!r}: expected one of {pipelines.PIPELINES}")
   if config.rollout.engine not in ("jax", "sglang"):
     raise ValueError(f"config.rollout.engine={config.rollout.engine!r}: expected 'jax' or 'sglang'")
   if config.rollout.group_size < 2:

@@ -12,6 +12,7 @@ import json
 import sys
 
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (get_config)",
@@ -25,6 +26,8 @@ def _prepare():
   from rised_jax import config as config_lib, parallel  # noqa: PLC0415 - after flag parsing
   if _CONFIG.value is None or _WORKDIR.value is None:
     raise app.UsageError("--config and --workdir are required")
+  if not flags.FLAGS["verbosity"].present:   # orbax logs every checkpoint file at INFO
+    absl_logging.set_verbosity(absl_logging.WARNING)
   if _DISTRIBUTED.value:
     parallel.init_distributed()
   config = _CONFIG.value   # get_config(arg) has applied the algorithm preset

@@ -1,13 +1,13 @@
 """The outer training loop: a short sequence of named stages, one call each.
 
-    sample tasks → roll out → judge → rewards and advantages → select → teacher rows
-    → fused step → weight sync → guidance update → evaluate → log → checkpoint
+    roll out → judge → advantages → select → teacher contexts → batch assembly
+    → fused step → weight sync → observe (guidance) → evaluate → log → checkpoint
 
-The trainer owns no algorithm: which selector, whether a teacher or guidance exists, and the
-loss settings all come from the config (`rised_jax.config.apply_preset`). Everything a stage
-needs is built once by `build()` into a `Components` record; everything that changes from step
-to step (train state, task cursor, selector / teacher / guidance memories) is checkpointed, so
-a killed run resumes exactly.
+The trainer owns no algorithm. The stages come from the config's pipeline
+(`rised_jax.pipelines`: RISED and baselines on environments, CriPO on rubric tasks) and the
+loss settings from `config.step`; the presets of `rised_jax.config` compose them. Everything
+that changes from step to step (train state, task cursor, selector / teacher / guidance
+memories, the "before" evaluation) is checkpointed, so a killed run resumes exactly.
 """
 from __future__ import annotations
 
@@ -18,21 +18,15 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 import tqdm
 
-from rised_jax import checkpoint, config as config_lib, evaluate, parallel, runlog
-from rised_jax import envs, model as model_lib, rubrics, select, teach
-from rised_jax.learn import advantages as advantages_lib
+from rised_jax import checkpoint, config as config_lib, parallel, pipelines, runlog
+from rised_jax import model as model_lib
 from rised_jax.learn import batching, train_step
-from rised_jax.rollout.agent_loop import AgentLoop, make_env
-from rised_jax.rollout.base import SamplingParams
-from rised_jax.tasks import TaskStream
-from rised_jax.types import Group
 
 log = logging.getLogger(__name__)
 
@@ -51,75 +45,46 @@ class RunHistory:
 
 
 @dataclasses.dataclass
-class Components:
-  """What the stages use; built once per run."""
+class Run:
+  """Everything one training run holds; built once by `build`."""
 
   config: ml_collections.ConfigDict
   tokenizer: model_lib.Tokenizer
   trainable: train_step.Trainable
+  state: train_step.TrainState
   engine: Any
-  loop: AgentLoop
-  eval_loop: AgentLoop
-  vocab: rubrics.Vocabulary
-  judge: rubrics.Judge
-  selector: select.Selector
-  teacher: teach.PositiveTeacher | None
-  guidance: teach.GuidanceMemory | None
-  tasks: TaskStream
+  pipeline: pipelines.Pipeline
   checkpointer: checkpoint.Checkpointer
   log: runlog.RunLog
-  state: train_step.TrainState
-  history: "RunHistory"
+  history: RunHistory
 
   def host_state(self) -> dict[str, checkpoint.HostState]:
-    state = {"tasks": self.tasks, "selector": self.selector, "history": self.history}
-    if self.teacher is not None:
-      state["teacher"] = self.teacher
-    if self.guidance is not None:
-      state["guidance"] = self.guidance
-    return state
-
-
-# ----------------------------------------------------------------------------- build
+    return {"history": self.history, **self.pipeline.host_state()}
 
 
 def _engine(config: ml_collections.ConfigDict, model, tokenizer):
   if config.rollout.engine == "jax":
-    from rised_jax.rollout.jax_engine import JaxEngine  # noqa: PLC0415 - heavy, optional
-    return JaxEngine(model, max_batch=config.rollout.max_batch,
-                     pad_id=tokenizer.pad_token_id)
+    from rised_jax.rollout.jax_engine import JaxEngine  # noqa: PLC0415 - optional stage
+    return JaxEngine(model, max_batch=config.rollout.max_batch, pad_id=tokenizer.pad_token_id,
+                     prompt_buckets=tuple(config.rollout.prompt_buckets),
+                     max_new_tokens_buckets=tuple(config.rollout.new_token_buckets))
   from rised_jax.rollout.sglang_engine import SGLangEngine  # noqa: PLC0415
   return SGLangEngine(config.rollout.sglang_url, tokenizer=tokenizer,
                       weight_dir=os.path.join(config.workdir, "weights"))
 
 
-def _sampling(config: ml_collections.ConfigDict, temperature: float) -> SamplingParams:
-  return SamplingParams(max_new_tokens=config.rollout.max_new_tokens_per_turn,
-                        temperature=temperature, top_p=config.rollout.top_p,
-                        top_k=config.rollout.top_k)
-
-
-def _agent_loop(config, engine, tokenizer, temperature: float) -> AgentLoop:
-  return AgentLoop(engine, tokenizer,
-                   max_turns=config.envs.max_turns or None,
-                   max_new_tokens_per_turn=config.rollout.max_new_tokens_per_turn,
-                   max_total_tokens=config.rollout.max_total_tokens,
-                   sampling=_sampling(config, temperature))
-
-
 def _check_workdir_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
   """A workdir belongs to one config: resuming with a different one is an error."""
   path = workdir / "config.json"
-  current = json.loads(config.to_json_best_effort(sort_keys=True))
+  current = _flat(json.loads(config.to_json_best_effort(sort_keys=True)))
   if path.exists():
-    saved = json.loads(path.read_text())
-    if saved != current:
-      diff = sorted(k for k in set(_flat(saved)) | set(_flat(current))
-                    if _flat(saved).get(k) != _flat(current).get(k))
+    saved = _flat(json.loads(path.read_text()))
+    diff = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    if diff:
       raise ValueError(f"{path} holds a different config (differs at {diff}); use a new "
-                       f"--workdir or the same config to resume")
+                       f"--workdir, or the same config to resume")
   else:
-    path.write_text(json.dumps(current, indent=2, sort_keys=True))
+    path.write_text(config.to_json_best_effort(indent=2, sort_keys=True))
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -131,7 +96,7 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
   return {prefix[:-1]: tree}
 
 
-def build(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Components:
+def build(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Run:
   """Validates the config, then loads the model and builds every stage."""
   config_lib.validate(config)
   workdir = Path(workdir)
@@ -147,121 +112,41 @@ def build(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Comp
   trainable, state = train_step.create(model, optimizer, config_lib.step_config(config), mesh,
                                        seed=config.seed)
   engine = _engine(config, trainable.model(state), tokenizer)
-  vocab = rubrics.Vocabulary.load(config.judge.vocabulary or "agentic_v1")
-  teacher = guidance = None
-  if config.teacher.enabled:
-    teacher = teach.PositiveTeacher(vocab, **config.teacher.options.to_dict())
-  if config.guidance.enabled:
-    guidance = teach.GuidanceMemory(vocab, **config.guidance.options.to_dict())
-  return Components(
-      config=config, tokenizer=tokenizer, trainable=trainable, engine=engine,
-      loop=_agent_loop(config, engine, tokenizer, config.rollout.temperature),
-      eval_loop=_agent_loop(config, engine, tokenizer, config.eval.temperature),
-      vocab=vocab,
-      judge=rubrics.make_judge(config.judge.backend, vocab, **config.judge.options.to_dict()),
-      selector=select.make_selector(config.select.name, seed=config.seed,
-                                    **config.select.options.to_dict()),
-      teacher=teacher, guidance=guidance,
-      tasks=TaskStream(config.envs.names, config.envs.difficulty.to_dict(), seed=config.seed,
-                       eval_seed_offset=config.eval.seed_offset),
-      checkpointer=checkpoint.Checkpointer(workdir / "checkpoints",
-                                           keep=config.train.keep_checkpoints),
-      log=runlog.RunLog(workdir, enabled=jax.process_index() == 0),
-      state=state, history=RunHistory())
+  return Run(config=config, tokenizer=tokenizer, trainable=trainable, state=state,
+             engine=engine, pipeline=pipelines.make_pipeline(config, engine, tokenizer),
+             checkpointer=checkpoint.Checkpointer(workdir / "checkpoints",
+                                                  keep=config.train.keep_checkpoints),
+             log=runlog.RunLog(workdir, enabled=jax.process_index() == 0),
+             history=RunHistory())
 
 
 # ----------------------------------------------------------------------------- stages
 
 
-def roll_out(c: Components, step: int) -> list[Group]:
-  """Sample the step's candidate tasks and roll out G episodes of each, with guidance hints."""
-  tasks = c.tasks.next(c.config.select.pool_groups)
-  hints = None
-  if c.guidance is not None:
-    hints = {env: c.guidance.hint(env) for env in c.config.envs.names}
-  return c.loop.run(tasks, c.config.rollout.group_size, hints=hints,
-                    seed=c.config.seed * 1_000_003 + step)
+def assemble(run: Run, rows: list[batching.Row]):
+  """Dense, bucketed arrays; a fixed row count so the step compiles once per bucket."""
+  step_config = run.trainable.config
+  return batching.assemble(
+      rows, pad_id=run.tokenizer.pad_token_id,
+      num_rows=run.config.select.batch_groups * run.config.rollout.group_size,
+      with_distill=step_config.distills, with_counterfactual=step_config.counterfactual,
+      **run.config.batching.to_dict())
 
 
-def compute_advantages(c: Components, pool: Sequence[Group]) -> None:
-  """Group advantages from the scalar rewards (success, optionally shaped)."""
-  rewards = np.stack([g.rewards for g in pool])
-  estimator = advantages_lib.ADVANTAGES[c.config.advantage]
-  values = np.asarray(estimator(rewards))
-  for group, adv in zip(pool, values):
-    group.advantages = adv
-
-
-def choose(c: Components, pool: list[Group], step: int) -> list[Group]:
-  chosen = c.selector.select(pool, c.config.select.batch_groups, step)
-  for i in chosen:
-    pool[i].selected = True
-  return [pool[i] for i in chosen]
-
-
-def assign_teachers(c: Components, selected: Sequence[Group], pool: Sequence[Group],
-                    step: int) -> dict[str, int]:
-  if c.teacher is None:
-    return {}
-  return c.teacher.assign(selected, pool, lambda task: make_env(task).system_prompt, step)
-
-
-def assemble_batch(c: Components, selected: Sequence[Group]) -> dict[str, np.ndarray]:
-  """Student rows (hint-free prompt unless train_with_hint) and teacher rows, aligned."""
-  rows = []
-  chat = c.loop.chat
-  for group in selected:
-    env = make_env(group.task)
-    first_observation = env.reset(group.task.seed)
-    teacher_ids = (None if group.teacher_prefix is None
-                   else chat.prompt_ids(group.teacher_prefix, first_observation))
-    plain_prefix = chat.prompt_ids(env.system_prompt, first_observation)
-    for traj, adv in zip(group.trajectories, group.advantages):
-      prefix = (traj.token_ids[:traj.prompt_len] if c.config.guidance.train_with_hint
-                else plain_prefix)
-      rows.append(batching.Row(
-          prefix_ids=prefix, response_ids=traj.token_ids[traj.prompt_len:],
-          response_loss_mask=traj.loss_mask[traj.prompt_len:],
-          response_behaviour_logprobs=traj.behaviour_logprobs[traj.prompt_len:],
-          advantage=float(adv), teacher_prefix_ids=teacher_ids))
-  step_config = c.trainable.config
-  num_rows = c.config.select.batch_groups * c.config.rollout.group_size
-  return batching.assemble(rows, pad_id=c.tokenizer.pad_token_id, num_rows=num_rows,
-                           with_distill=step_config.distills,
-                           **c.config.batching.to_dict())
-
-
-def update(c: Components, batch: dict[str, np.ndarray]) -> dict[str, float]:
-  c.state, metrics = c.trainable.step(c.state, c.trainable.put_batch(batch))
+def update(run: Run, batch) -> dict[str, float]:
+  run.state, metrics = run.trainable.step(run.state, run.trainable.put_batch(batch))
   return {k: float(v) for k, v in metrics.items()}
 
 
-def sync_weights(c: Components, step: int) -> None:
+def sync_weights(run: Run, version: int) -> None:
   """The sampler must see the new parameters (the step donated the old buffers)."""
-  c.engine.update_weights(c.trainable.model(c.state), step + 1)
+  run.engine.update_weights(run.trainable.model(run.state), version)
 
 
-def run_evaluation(c: Components, step: int) -> dict[str, dict[str, float]]:
-  results = evaluate.evaluate(c.eval_loop, c.config.envs.names,
-                              c.config.envs.difficulty.to_dict(),
-                              episodes=c.config.eval.episodes_per_env,
-                              seed_offset=c.config.eval.seed_offset, seed=c.config.seed)
-  c.log.evaluation(step, results)
+def run_evaluation(run: Run, step: int) -> dict[str, dict[str, float]]:
+  results = run.pipeline.evaluate()
+  run.log.evaluation(step, results)
   return results
-
-
-def rollout_metrics(pool: Sequence[Group], selected: Sequence[Group]) -> dict[str, float]:
-  metrics = {}
-  for env in sorted({g.task.env for g in pool}):
-    groups = [g for g in pool if g.task.env == env]
-    metrics[f"rollout/{env}/success"] = float(np.mean([g.successes.mean() for g in groups]))
-  flat = [g for g in selected if np.ptp(g.rewards) == 0]
-  metrics["select/zero_variance_groups"] = float(len(flat))
-  metrics["rollout/agent_tokens"] = float(sum(t.num_agent_tokens for g in pool
-                                              for t in g.trajectories))
-  metrics["rollout/truncated"] = float(np.mean([t.truncated for g in pool
-                                                for t in g.trajectories]))
-  return metrics
 
 
 # ----------------------------------------------------------------------------- loop
@@ -269,78 +154,75 @@ def rollout_metrics(pool: Sequence[Group], selected: Sequence[Group]) -> dict[st
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[str, Any]:
   """Runs (or resumes) training; returns the before/after evaluation summary."""
-  c = build(config, workdir)
-  start = resume(c)
+  run = build(config, workdir)
+  start = resume(run)
   if start == 0:
-    c.history.before = run_evaluation(c, 0)
+    run.history.before = run_evaluation(run, 0)
   steps = config.train.steps
+  p = run.pipeline
   for step in tqdm.trange(start, steps, initial=start, total=steps, desc="train",
                           disable=jax.process_index() != 0):
     timer = _StageTimer()
+    metrics: dict[str, float] = {}
     with timer("rollout"):
-      pool = roll_out(c, step)
+      pool = p.roll_out(step)
     with timer("judge"):
-      judge_stats = c.judge.judge(pool)
+      metrics.update(p.judge(pool))
     with timer("advantages"):
-      compute_advantages(c, pool)
+      p.advantages(pool)
     with timer("select"):
-      selected = choose(c, pool, step)
+      selected = p.select(pool, step)
     with timer("teacher"):
-      teacher_sources = assign_teachers(c, selected, pool, step)
+      metrics.update(p.teach(selected, pool, step))
     with timer("batch"):
-      batch = assemble_batch(c, selected)
+      batch = assemble(run, p.rows(selected))
     with timer("step"):
-      metrics = update(c, batch)
+      metrics.update(update(run, batch))
     with timer("sync"):
-      sync_weights(c, step)
-    if c.guidance is not None:
-      c.guidance.update(pool)
+      sync_weights(run, step + 1)
+    p.observe(pool)
     done = step + 1
     if config.train.eval_every and done % config.train.eval_every == 0 and done < steps:
       with timer("eval"):
-        run_evaluation(c, done)
-    metrics.update(rollout_metrics(pool, selected))
-    metrics.update({f"judge/{k}": float(v) for k, v in judge_stats.as_dict().items()})
-    metrics.update({f"teacher/{k}": float(v) for k, v in teacher_sources.items()})
+        run_evaluation(run, done)
+    metrics.update(p.metrics(pool, selected))
     metrics.update(timer.seconds)
-    c.log.scalars(done, metrics)
-    c.log.rollouts(done, pool, c.vocab)
+    run.log.scalars(done, metrics)
+    run.log.rollouts(done, pool, getattr(p, "vocab", None))
     if done % config.train.checkpoint_every == 0 or done == steps:
-      c.checkpointer.save(done, c.state, c.host_state())
-  after = run_evaluation(c, steps)
-  table = c.log.write_summary(c.history.before, after)
-  c.checkpointer.close()
-  c.log.close()
+      run.checkpointer.save(done, run.state, run.host_state())
+  after = run_evaluation(run, steps)
+  table = run.log.write_summary(run.history.before, after)
+  run.checkpointer.close()
+  run.log.close()
   if jax.process_index() == 0:
     print(table)
-  return {"before": c.history.before, "after": after}
+  return {"before": run.history.before, "after": after}
 
 
-def resume(c: Components) -> int:
+def resume(run: Run) -> int:
   """Restores the latest checkpoint, if any; returns the step to continue from."""
-  step = c.checkpointer.latest_step()
+  step = run.checkpointer.latest_step()
   if step is None:
     return 0
-  c.state = c.checkpointer.restore(step, c.state, c.host_state())
-  sync_weights(c, step - 1)
-  c.log.rewind(step)
-  log.info("resumed from step %d of %s", step, c.checkpointer.directory)
+  run.state = run.checkpointer.restore(step, run.state, run.host_state())
+  sync_weights(run, step)
+  run.log.rewind(step)
+  log.info("resumed from step %d of %s", step, run.checkpointer.directory)
   return step
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
                         step: int | None = None) -> dict[str, dict[str, float]]:
-  """Pass rates of a saved checkpoint (default: the latest) on the held-out seeds."""
-  c = build(config, workdir)
-  step = c.checkpointer.latest_step() if step is None else step
+  """Held-out results of a saved checkpoint (default: the latest)."""
+  run = build(config, workdir)
+  step = run.checkpointer.latest_step() if step is None else step
   if step is None:
-    raise FileNotFoundError(f"no checkpoint in {c.checkpointer.directory} to evaluate")
-  c.state = c.checkpointer.restore(step, c.state, c.host_state())
-  sync_weights(c, step - 1)
-  results = evaluate.evaluate(c.eval_loop, config.envs.names, config.envs.difficulty.to_dict(),
-                              episodes=config.eval.episodes_per_env,
-                              seed_offset=config.eval.seed_offset, seed=config.seed)
-  c.checkpointer.close()
+    raise FileNotFoundError(f"no checkpoint in {run.checkpointer.directory} to evaluate")
+  run.state = run.checkpointer.restore(step, run.state, run.host_state())
+  sync_weights(run, step)
+  results = run.pipeline.evaluate()
+  run.checkpointer.close()
   return results
 
 

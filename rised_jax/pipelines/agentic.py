@@ -1,0 +1,139 @@
+"""RISED and its baselines on multi-turn environments (ALGORITHMS.md §2).
+
+Stages, each a component chosen by the config:
+  roll out   `TaskStream` tasks, G episodes each through the `AgentLoop`, with the guidance
+             memory's "Avoid: …" hint in the rollout prompt when one is active (§2.6);
+  judge      rubric tags per rollout (`rubrics.make_judge`; rule-based by default);
+  advantages group advantages of the success reward (`learn.advantages`);
+  select     `select.make_selector` (RISED profile selection or a baseline, §2.4, §2.7);
+  teach      the positive-rubric teacher prefix of each selected group (§2.5);
+  rows       student rows on the hint-free prompt (default; `train_with_hint` keeps the hint),
+             behaviour log-probs from the sampler for the truncated importance weight (§2.6),
+             teacher rows = teacher prefix ⊕ the same response;
+  observe    the guidance memory folds in the pool's negative tags.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from rised_jax import evaluate, rubrics, select, teach
+from rised_jax.learn import advantages as advantages_lib
+from rised_jax.learn.batching import Row
+from rised_jax.rollout.agent_loop import AgentLoop, make_env
+from rised_jax.rollout.base import SamplingParams
+from rised_jax.tasks import TaskStream
+from rised_jax.types import Group
+
+
+def agent_loop(config, engine, tokenizer, temperature: float) -> AgentLoop:
+  return AgentLoop(engine, tokenizer,
+                   max_turns=config.envs.max_turns or None,
+                   max_new_tokens_per_turn=config.rollout.max_new_tokens_per_turn,
+                   max_total_tokens=config.rollout.max_total_tokens,
+                   sampling=SamplingParams(max_new_tokens=config.rollout.max_new_tokens_per_turn,
+                                           temperature=temperature, top_p=config.rollout.top_p,
+                                           top_k=config.rollout.top_k))
+
+
+class AgenticPipeline:
+
+  def __init__(self, config, engine, tokenizer):
+    self.config = config
+    self.loop = agent_loop(config, engine, tokenizer, config.rollout.temperature)
+    self.eval_loop = agent_loop(config, engine, tokenizer, config.eval.temperature)
+    self.vocab = rubrics.Vocabulary.load(config.judge.vocabulary or "agentic_v1")
+    self.judge_backend = rubrics.make_judge(config.judge.backend, self.vocab,
+                                            **config.judge.options.to_dict())
+    self.selector = select.make_selector(config.select.name, seed=config.seed,
+                                         **config.select.options.to_dict())
+    self.teacher = (teach.PositiveTeacher(self.vocab, **config.teacher.options.to_dict())
+                    if config.teacher.enabled else None)
+    self.guidance = (teach.GuidanceMemory(self.vocab, **config.guidance.options.to_dict())
+                     if config.guidance.enabled else None)
+    self.tasks = TaskStream(config.envs.names, config.envs.difficulty.to_dict(),
+                            seed=config.seed, eval_seed_offset=config.eval.seed_offset)
+
+  def roll_out(self, step: int) -> list[Group]:
+    tasks = self.tasks.next(self.config.select.pool_groups)
+    hints = None
+    if self.guidance is not None:
+      hints = {env: self.guidance.hint(env) for env in self.config.envs.names}
+    return self.loop.run(tasks, self.config.rollout.group_size, hints=hints,
+                         seed=self.config.seed * 1_000_003 + step)
+
+  def judge(self, pool: list[Group]) -> dict[str, float]:
+    stats = self.judge_backend.judge(pool)
+    return {f"judge/{k}": float(v) for k, v in stats.as_dict().items()}
+
+  def advantages(self, pool: list[Group]) -> None:
+    estimator = advantages_lib.ADVANTAGES[self.config.advantage]
+    values = np.asarray(estimator(np.stack([g.rewards for g in pool])))
+    for group, adv in zip(pool, values):
+      group.advantages = adv
+
+  def select(self, pool: list[Group], step: int) -> list[Group]:
+    chosen = self.selector.select(pool, self.config.select.batch_groups, step)
+    for i in chosen:
+      pool[i].selected = True
+    return [pool[i] for i in chosen]
+
+  def teach(self, selected: Sequence[Group], pool: Sequence[Group],
+            step: int) -> dict[str, float]:
+    if self.teacher is None:
+      return {}
+    sources = self.teacher.assign(selected, pool, lambda task: make_env(task).system_prompt,
+                                  step)
+    return {f"teacher/{k}": float(v) for k, v in sources.items()}
+
+  def rows(self, selected: Sequence[Group]) -> list[Row]:
+    rows = []
+    chat = self.loop.chat
+    for group in selected:
+      env = make_env(group.task)
+      first_observation = env.reset(group.task.seed)
+      teacher_ids = (None if group.teacher_prefix is None
+                     else chat.prompt_ids(group.teacher_prefix, first_observation))
+      plain_prefix = chat.prompt_ids(env.system_prompt, first_observation)
+      for traj, adv in zip(group.trajectories, group.advantages):
+        prefix = (traj.token_ids[:traj.prompt_len] if self.config.guidance.train_with_hint
+                  else plain_prefix)
+        rows.append(Row(
+            prefix_ids=prefix, response_ids=traj.token_ids[traj.prompt_len:],
+            response_loss_mask=traj.loss_mask[traj.prompt_len:],
+            response_behaviour_logprobs=traj.behaviour_logprobs[traj.prompt_len:],
+            advantage=float(adv), teacher_prefix_ids=teacher_ids))
+    return rows
+
+  def observe(self, pool: Sequence[Group]) -> None:
+    if self.guidance is not None:
+      self.guidance.update(pool)
+
+  def evaluate(self) -> dict[str, dict[str, float]]:
+    return evaluate.evaluate(self.eval_loop, self.config.envs.names,
+                             self.config.envs.difficulty.to_dict(),
+                             episodes=self.config.eval.episodes_per_env,
+                             seed_offset=self.config.eval.seed_offset, seed=self.config.seed)
+
+  def metrics(self, pool: Sequence[Group], selected: Sequence[Group]) -> dict[str, float]:
+    metrics = {}
+    for env in sorted({g.task.env for g in pool}):
+      groups = [g for g in pool if g.task.env == env]
+      metrics[f"rollout/{env}/success"] = float(np.mean([g.successes.mean() for g in groups]))
+      if self.guidance is not None:
+        metrics[f"guidance/{env}/active_tags"] = float(len(self.guidance.active_tags(env)))
+    trajectories = [t for g in pool for t in g.trajectories]
+    metrics["select/zero_variance_groups"] = float(sum(np.ptp(g.rewards) == 0 for g in selected))
+    metrics["rollout/agent_tokens"] = float(sum(t.num_agent_tokens for t in trajectories))
+    metrics["rollout/truncated"] = float(np.mean([t.truncated for t in trajectories]))
+    metrics["rollout/hinted"] = float(np.mean([bool(t.hint) for t in trajectories]))
+    return metrics
+
+  def host_state(self) -> Mapping[str, Any]:
+    state = {"tasks": self.tasks, "selector": self.selector}
+    if self.teacher is not None:
+      state["teacher"] = self.teacher
+    if self.guidance is not None:
+      state["guidance"] = self.guidance
+    return state
