@@ -61,6 +61,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.judge.backend = "rules"                # rules | genai | openai | inprocess
   c.judge.vocabulary = ""                  # a JSON file; "" = the built-in agentic_v1
   c.judge.options = ml_collections.ConfigDict()   # backend options (model, base_url, …)
+  c.judge.max_new_tokens = 256             # answer length of the in-process judge
 
   c.select = ml_collections.ConfigDict()
   c.select.name = "rised"

@@ -23,6 +23,7 @@ from rised_jax.learn import advantages as advantages_lib
 from rised_jax.learn.batching import Row
 from rised_jax.rollout.agent_loop import AgentLoop, make_env
 from rised_jax.rollout.base import SamplingParams
+from rised_jax.rollout.text import text_generator
 from rised_jax.tasks import TaskStream
 from rised_jax.types import Group
 
@@ -44,8 +45,11 @@ class AgenticPipeline:
     self.loop = agent_loop(config, engine, tokenizer, config.rollout.temperature)
     self.eval_loop = agent_loop(config, engine, tokenizer, config.eval.temperature)
     self.vocab = rubrics.Vocabulary.load(config.judge.vocabulary or "agentic_v1")
-    self.judge_backend = rubrics.make_judge(config.judge.backend, self.vocab,
-                                            **config.judge.options.to_dict())
+    judge_options = config.judge.options.to_dict()
+    if config.judge.backend == "inprocess":   # the policy itself, through the same engine
+      judge_options["generate_text"] = text_generator(engine, tokenizer,
+                                                      max_new_tokens=config.judge.max_new_tokens)
+    self.judge_backend = rubrics.make_judge(config.judge.backend, self.vocab, **judge_options)
     self.selector = select.make_selector(config.select.name, seed=config.seed,
                                          **config.select.options.to_dict())
     self.teacher = (teach.PositiveTeacher(self.vocab, **config.teacher.options.to_dict())
