@@ -130,11 +130,11 @@ def test_attention_matches_numpy(softcap):
                              atol=1e-5)
 
 
-def test_attention_mask_window_and_validity():
+def test_visible_keys_window_and_validity():
   slots = jnp.arange(6)
   positions = jnp.asarray([[0, 0, 0, 1, 2, 3]])
   valid = jnp.asarray([[False, False, True, True, True, True]])
-  mask = np.asarray(dec.attention_mask(slots, positions, slots, positions, valid, window=2))
+  mask = np.asarray(dec.visible_keys(slots, positions, slots, positions, valid, window=2))
   expected = np.zeros((6, 6), bool)
   for q in range(2, 6):
     for key in range(2, q + 1):

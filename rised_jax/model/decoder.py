@@ -89,9 +89,8 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return (x32 * cos[:, :, None] + rotated * sin[:, :, None]).astype(x.dtype)
 
 
-def attention_mask(q_slots: jax.Array, q_positions: jax.Array, k_slots: jax.Array,
-                   k_positions: jax.Array, k_valid: jax.Array,
-                   window: int | None) -> jax.Array:
+def visible_keys(q_slots: jax.Array, q_positions: jax.Array, k_slots: jax.Array,
+                 k_positions: jax.Array, k_valid: jax.Array, window: int | None) -> jax.Array:
   """[B, Tq, Tk] bool: which keys each query sees.
 
   Causal by slot (column), restricted to valid keys and, for a sliding-window layer, to keys
@@ -325,8 +324,8 @@ class Decoder(nnx.Module):
       if rope not in tables:
         tables[rope] = rope_tables(q_positions, rope.inv_freq(cfg.head_dim))
       if window not in masks:
-        masks[window] = attention_mask(q_slots, q_positions, k_slots, k_positions, k_valid,
-                                       window)
+        masks[window] = visible_keys(q_slots, q_positions, k_slots, k_positions, k_valid,
+                                     window)
       kv = None if cache is None else (cache.k[i], cache.v[i])
       x, layer_kv = layer_fn(layer, x, *tables[rope], masks[window], kv, cache_index)
       new_kv.append(layer_kv)
