@@ -1,6 +1,7 @@
 """End to end through the trainer: artifacts, the analysis notebook, kill-and-resume, learning."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -20,10 +21,16 @@ NOTEBOOK = REPO / "notebooks" / "analyze_run.ipynb"
 VOLATILE = ("time", "wall")
 
 
+def load_config_file(path: Path, arg: str):
+  """`get_config(arg)` of an experiment file, as `--config path:arg` would call it."""
+  spec = importlib.util.spec_from_file_location(path.stem, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
 def _config(arg: str, model_dir: Path, **overrides):
-  from ml_collections import config_flags  # noqa: PLC0415
-  config = config_flags.config_flags._LoadConfigModule(  # pylint: disable=protected-access
-      "tiny_cpu", str(CONFIG)).get_config(arg)
+  config = load_config_file(CONFIG, arg)
   config.model.source = str(model_dir)
   for dotted, value in overrides.items():
     node = config
@@ -72,7 +79,7 @@ def test_notebook_runs_on_the_tiny_run(tiny_run):
   workdir, _ = tiny_run
   nb = analysis.execute_notebook(NOTEBOOK, workdir)
   assert analysis.error_outputs(nb) == []
-  assert len(analysis.figure_outputs(nb)) == 3
+  assert analysis.figure_outputs(nb) == 3
 
 
 def test_rerun_with_another_config_is_refused(tiny_run, tiny_model):
