@@ -16,6 +16,15 @@ Algorithms are configs composing stages, not branches in the trainer:
   dapo               dapo filter        off      off       token-mean, ε_high 0.28
   variance           reward-variance    off      off
   env_curriculum     env-curriculum     off      off
+
+The rubric pipeline (CriPO, ALGORITHMS.md §3) trains on every group of rubric tasks, GRPO on the
+weighted criterion reward; its presets switch CriPO's two self-teachers:
+
+  preset        UC branch (injection teacher, localised KL)   SC branch (counterfactual flips)
+  cripo         on                                            on
+  cripo_u       on                                            off
+  cripo_s       off                                           on
+  grpo_rubric   off                                           off   (plain rubric GRPO)
 """
 from __future__ import annotations
 
@@ -24,7 +33,7 @@ from typing import Any
 
 import ml_collections
 
-from rised_jax.learn import train_step
+from rised_jax.learn import cripo, train_step
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -96,6 +105,28 @@ def default_config() -> ml_collections.ConfigDict:
   c.eval.episodes_per_env = 16
   c.eval.seed_offset = 1_000_000           # held-out seeds: never used for training tasks
   c.eval.temperature = 0.0
+
+  # The rubric pipeline (pipelines/rubric.py); the agentic pipeline ignores these keys.
+  c.rubric = ml_collections.ConfigDict()
+  c.rubric.tasks = ""                      # a JSONL task file; "" = the built-in offline set
+  c.rubric.eval_tasks = 32                 # held-out tasks (a seeded subset), never trained on
+  c.rubric.split_seed = 0                  # the held-out subset does not depend on c.seed
+  c.rubric.eval_groups = ml_collections.ConfigDict(dict(   # evaluation group -> task domains
+      science=["physics", "chemistry", "biology", "earth science", "astronomy"],
+      medicine=["medicine"]))
+  c.rubric.system_prompt = ("You are a knowledgeable assistant. Answer the question accurately "
+                            "and concisely, in the format and length it asks for.")
+  c.rubric.max_new_tokens = 256            # answer length
+  c.rubric.strip_thinking = True           # judge and teachers see the answer after </think>
+  c.rubric.uc_branch = True                # CriPO's criterion-injection teacher (needs step.beta)
+  c.rubric.sc_branch = True                # CriPO's counterfactual teacher (step.counterfactual)
+  c.rubric.injection_template = ""         # "" = teach/cripo_templates/injection.jinja
+  c.rubric.counterfactual_template = ""    # "" = teach/cripo_templates/counterfactual.jinja
+  c.rubric.cripo = ml_collections.ConfigDict(dataclasses.asdict(cripo.CriPOGroupConfig()))
+  c.rubric.judge = ml_collections.ConfigDict()
+  c.rubric.judge.backend = "checker"       # checker | genai | openai | inprocess
+  c.rubric.judge.options = ml_collections.ConfigDict()   # rubrics.criteria options
+  c.rubric.judge.max_new_tokens = 64       # answer length of the in-process judge
   return c
 
 
@@ -113,6 +144,25 @@ PRESETS: dict[str, dict[str, Any]] = {
     "env_curriculum": {"select.name": "env_curriculum", "teacher.enabled": False,
                        "guidance.enabled": False},
 }
+
+# CriPO's stated settings (ALGORITHMS.md §3); step.beta keeps the config's value (paper: 0.05 for
+# Qwen3-1.7B, 0.03 for 4B) and `teacher.enabled: False` sets it to 0 in `apply_preset`.
+_RUBRIC = {"pipeline": "rubric", "select.name": "uniform", "guidance.enabled": False,
+           "advantage": "grpo"}
+_UC_ON = {"rubric.uc_branch": True, "teacher.enabled": True, "step.divergence": "forward-kl",
+          "step.clamp": 10.0, "step.localize": True, "step.localize_gamma": 0.95,
+          "step.localize_edge_frac": 0.01, "step.distill_norm": "kept-tokens",
+          "step.beta_warmup_steps": 50}
+_UC_OFF = {"rubric.uc_branch": False, "teacher.enabled": False, "step.localize": False}
+_SC_ON = {"rubric.sc_branch": True, "step.counterfactual": True, "step.flip_alpha": 0.1,
+          "step.flip_tau": 0.1}
+_SC_OFF = {"rubric.sc_branch": False, "step.counterfactual": False}
+PRESETS.update({
+    "cripo": {**_RUBRIC, **_UC_ON, **_SC_ON},
+    "cripo_u": {**_RUBRIC, **_UC_ON, **_SC_OFF},
+    "cripo_s": {**_RUBRIC, **_UC_OFF, **_SC_ON},
+    "grpo_rubric": {**_RUBRIC, **_UC_OFF, **_SC_OFF},
+})
 
 
 def _set(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
@@ -192,3 +242,54 @@ def validate(config: ml_collections.ConfigDict) -> None:
                      f"{sorted(advantages.ADVANTAGES)}")
   if config.model.dtype not in ("float32", "bfloat16"):
     raise ValueError(f"config.model.dtype={config.model.dtype!r}: expected float32 or bfloat16")
+  if config.pipeline == "rubric":
+    _validate_rubric(config)
+
+
+def _validate_rubric(config: ml_collections.ConfigDict) -> None:
+  """The rubric pipeline's keys: task file, split, branches vs step settings, judge, templates."""
+  from rised_jax.pipelines import rubric  # noqa: PLC0415 - keeps `config` light to import
+  from rised_jax.rubrics import criteria  # noqa: PLC0415
+  from rised_jax.teach import cripo_prefix  # noqa: PLC0415
+
+  rc = config.rubric
+  if config.advantage != "grpo":
+    raise ValueError(f"config.advantage={config.advantage!r}: the rubric pipeline uses GRPO "
+                     "advantages (CriPO's SC rule is defined on them); expected 'grpo'")
+  if config.select.name != "uniform" or config.select.pool_groups != config.select.batch_groups:
+    raise ValueError(f"config.select.name={config.select.name!r} with pool_groups="
+                     f"{config.select.pool_groups}, batch_groups={config.select.batch_groups}: "
+                     "the rubric pipeline trains on every group it rolls out; expected 'uniform' "
+                     "and pool_groups == batch_groups (the cripo* and grpo_rubric presets set "
+                     "them)")
+  step = step_config(config)
+  if rc.uc_branch != step.distills:
+    raise ValueError(f"config.rubric.uc_branch={rc.uc_branch} but config.step.beta={step.beta}: "
+                     "the injection teacher is the only distillation of the rubric pipeline, so "
+                     "the UC branch needs beta > 0 and beta must be 0 without it (use the presets "
+                     "cripo, cripo_u, cripo_s, grpo_rubric)")
+  if rc.sc_branch != step.counterfactual:
+    raise ValueError(f"config.rubric.sc_branch={rc.sc_branch} but config.step.counterfactual="
+                     f"{step.counterfactual}: the SC branch and the step's counterfactual flips go "
+                     "together (use the presets cripo, cripo_u, cripo_s, grpo_rubric)")
+  _typed(cripo.CriPOGroupConfig, rc.cripo, "config.rubric.cripo")
+  task_set = rubric.load_task_set(rc.tasks)
+  rubric.split_tasks(len(task_set), rc.eval_tasks, rc.split_seed)
+  rubric.check_normalizer(task_set, rc.cripo.reward_normalizer)
+  rubric.eval_group_of(rc.eval_groups.to_dict())
+  for key in ("injection_template", "counterfactual_template"):
+    if rc[key]:
+      cripo_prefix.load_template(rc[key])
+  for key, value in (("max_new_tokens", rc.max_new_tokens),
+                     ("judge.max_new_tokens", rc.judge.max_new_tokens)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f"config.rubric.{key}={value!r}: expected an integer >= 1")
+  if config.rollout.engine == "jax" and rc.max_new_tokens > max(config.rollout.new_token_buckets):
+    raise ValueError(f"config.rubric.max_new_tokens={rc.max_new_tokens} is above the largest "
+                     "config.rollout.new_token_buckets entry "
+                     f"{max(config.rollout.new_token_buckets)}")
+  try:
+    criteria.check_options(rc.judge.backend, rc.judge.options.to_dict(),
+                           supplied=("generate_text",) if rc.judge.backend == "inprocess" else ())
+  except ValueError as e:
+    raise ValueError(f"config.rubric.judge: {e}") from None

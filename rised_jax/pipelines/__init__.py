@@ -44,7 +44,10 @@ def make_pipeline(config: Any, engine: Any, tokenizer: Any) -> Pipeline:
   if config.pipeline == "agentic":
     from rised_jax.pipelines.agentic import AgenticPipeline  # noqa: PLC0415
     return AgenticPipeline(config, engine, tokenizer)
+  if config.pipeline == "rubric":
+    from rised_jax.pipelines.rubric import RubricPipeline  # noqa: PLC0415
+    return RubricPipeline(config, engine, tokenizer)
   raise ValueError(f"config.pipeline={config.pipeline!r}: expected one of {PIPELINES}")
 
 
-PIPELINES = ("agentic",)
+PIPELINES = ("agentic", "rubric")
