@@ -17,6 +17,7 @@ INSTALL_REQUIRES = [
     "gguf==0.19.0",
     "jinja2==3.1.6",
     "numpy==2.4.6",
+    "scipy==1.17.1",
     "tqdm==4.70.1",
 ]
 

@@ -63,6 +63,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.max_total_tokens = 1024
   c.rollout.max_batch = 64
   # JaxEngine shape buckets: each (batch, prompt, new-token) bucket compiles once.
+  c.rollout.batch_buckets = []           # [] = powers of two up to max_batch
   c.rollout.prompt_buckets = [256, 512, 1024, 2048, 4096]
   c.rollout.new_token_buckets = [32, 128, 512]
 

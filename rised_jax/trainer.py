@@ -66,6 +66,7 @@ def _engine(config: ml_collections.ConfigDict, model, tokenizer):
   if config.rollout.engine == "jax":
     from rised_jax.rollout.jax_engine import JaxEngine  # noqa: PLC0415 - optional stage
     return JaxEngine(model, max_batch=config.rollout.max_batch, pad_id=tokenizer.pad_token_id,
+                     batch_buckets=tuple(config.rollout.batch_buckets) or None,
                      prompt_buckets=tuple(config.rollout.prompt_buckets),
                      max_new_tokens_buckets=tuple(config.rollout.new_token_buckets))
   from rised_jax.rollout.sglang_engine import SGLangEngine  # noqa: PLC0415
