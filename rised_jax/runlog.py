@@ -91,7 +91,8 @@ def discarded_name(name: str) -> str:
 def check_results(results: Any, what: str) -> dict[str, dict[str, float | int]]:
   """Validates {env: {pass_rate, ci_low, ci_high, episodes}} (mappings or dataclasses).
 
-  Returns plain dicts holding exactly RESULT_KEYS; `what` names the argument in errors.
+  Returns plain dicts holding RESULT_KEYS plus any other numeric entries (e.g. CriPO's mean
+  rubric score), which are logged alongside; `what` names the argument in errors.
   """
   if not isinstance(results, Mapping) or not results:
     raise ValueError(f"{what}: got {type(results).__name__} {results!r:.200}; expected a non-empty "
@@ -121,7 +122,9 @@ def check_results(results: Any, what: str) -> dict[str, dict[str, float | int]]:
       raise ValueError(f"{what}[{env!r}]: pass_rate {values['pass_rate']} is outside its interval "
                        f"[{values['ci_low']}, {values['ci_high']}]; expected ci_low <= pass_rate "
                        "<= ci_high")
-    checked[env] = {**values, "episodes": int(episodes)}
+    extras = {k: float(v) for k, v in result.items() if k not in RESULT_KEYS
+              and isinstance(v, numbers.Real) and not isinstance(v, bool)}
+    checked[env] = {**values, "episodes": int(episodes), **extras}
   return checked
 
 
@@ -393,7 +396,8 @@ class RunLog:
     now = time.time()
     self._append(EVAL_FILE, [{"step": step, "time": now, "env": env, **result}
                              for env, result in sorted(results.items())])
-    scalars = {f"eval/{env}/pass_rate": r["pass_rate"] for env, r in sorted(results.items())}
+    scalars = {f"eval/{env}/{key}": value for env, r in sorted(results.items())
+               for key, value in r.items() if key not in ("ci_low", "ci_high", "episodes")}
     scalars["eval/mean_pass_rate"] = mean_pass_rate(results)
     self.scalars(step, scalars)
 

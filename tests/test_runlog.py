@@ -175,6 +175,18 @@ def test_evaluation_lines_and_scalars(tmp_path):
   assert tb_scalars(tmp_path, "eval/mean_pass_rate") == [(7, 0.375)]
 
 
+def test_evaluation_keeps_extra_numeric_results(tmp_path):
+  """CriPO's evaluation adds a mean rubric score: it reaches eval.jsonl and the scalars."""
+  results = {"science": {"pass_rate": 0.25, "ci_low": 0.1, "ci_high": 0.5, "episodes": 8,
+                         "score": 0.625, "note": "text is not a number"}}
+  with RunLog(tmp_path) as log:
+    log.evaluation(3, results)
+  (line,) = lines(tmp_path, runlog.EVAL_FILE)
+  assert line["score"] == 0.625 and "note" not in line
+  (metrics,) = lines(tmp_path, runlog.METRICS_FILE)
+  assert metrics["eval/science/score"] == 0.625
+
+
 # --- rewind --------------------------------------------------------------------------------------
 
 def log_step(log, step, value):
