@@ -314,3 +314,13 @@ def test_sliding_window_model_logprobs_and_greedy():
 def test_bad_engine_arguments(model, kwargs, match):
   with pytest.raises(ValueError, match=match):
     JaxEngine(model, **kwargs)
+
+
+def test_a_training_model_with_remat_samples_like_one_without(model, greedy_refs):
+  """The trainer's model has remat on; decoding must not enter nnx.remat inside the loop."""
+  remat_model = mu.random_decoder(ModelConfig.from_hf(mu.tiny_config("llama_gqa_tied")), seed=0,
+                                  remat=True)
+  engine = JaxEngine(remat_model, max_batch=4, batch_buckets=(4,), prompt_buckets=PROMPT_BUCKETS,
+                     max_new_tokens_buckets=(NEW,))
+  results = engine.generate(requests(SHORT_ROWS, GREEDY))
+  assert [r.output_ids for r in results] == greedy_refs[:len(SHORT_ROWS)]

@@ -317,7 +317,9 @@ class Decoder(nnx.Module):
     cfg = self.cfg
     tables: dict[RopeConfig, tuple[jax.Array, jax.Array]] = {}
     masks: dict[int | None, jax.Array] = {}
-    layer_fn = nnx.remat(_run_layer) if self.remat else _run_layer
+    # Remat only pays off under a gradient; decoding (with a cache) runs inside a while_loop
+    # whose trace level nnx.remat must not cross.
+    layer_fn = nnx.remat(_run_layer) if self.remat and cache is None else _run_layer
     new_kv = []
     for i, layer in enumerate(self.layers):
       rope, window = cfg.layer_rope(i), cfg.layer_window(i)
