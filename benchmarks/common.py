@@ -1,0 +1,243 @@
+"""Shared helpers of the learning-core benchmarks: timing, compiled-program statistics, the
+machine's matmul rate, analytic model FLOPs, model presets and JSON output.
+
+Conventions (see benchmarks/README.md):
+- Compile time is measured apart (`compile_jitted`: lower + compile, nothing run).
+- A step time is the median of `iters` calls after `warmup` calls, each blocked until ready.
+- Memory is the compiled executable's `memory_analysis()`; `memory_report` names its parts.
+- Model FLOPs are counted analytically (`decoder_flops`); XLA's `cost_analysis()` is printed
+  beside them as a cross-check only, because XLA counts the body of a `while` loop (a
+  `lax.scan`, e.g. the chunked loss) once, whatever its trip count.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rised_jax.model import ModelConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+
+# Random-weight architectures (timing does not depend on the weights). The tiny Qwen3s are
+# the defaults of the shared tunix driver (shared/peers/tunix_grpo_bench.py): tied, fp32.
+_TINY_QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 512,
+    "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "rms_norm_eps": 1e-6, "rope_theta": 10_000.0, "tie_word_embeddings": True,
+    "max_position_embeddings": 4096,
+}
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "qwen3-2l-d128": _TINY_QWEN3,
+    "qwen3-4l-d256": {**_TINY_QWEN3, "hidden_size": 256, "intermediate_size": 1024,
+                      "num_hidden_layers": 4, "head_dim": 64},
+    # SmolLM2-135M(-Instruct)'s config.json.
+    "smollm2-135m": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152,
+        "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+        "rms_norm_eps": 1e-5, "rope_theta": 100_000.0, "tie_word_embeddings": True,
+        "max_position_embeddings": 8192,
+    },
+}
+
+
+def model_config(preset: str) -> ModelConfig:
+  if preset not in MODEL_PRESETS:
+    raise ValueError(f"unknown model preset {preset!r}; expected one of {sorted(MODEL_PRESETS)}")
+  return ModelConfig.from_hf(MODEL_PRESETS[preset], source=f"benchmarks preset {preset!r}")
+
+
+# ----------------------------------------------------------------------------- machine
+
+
+def machine_info() -> dict[str, Any]:
+  """What the numbers were measured on, including the load average (the machine is shared)."""
+  load1, load5, load15 = os.getloadavg()
+  return {
+      "device": jax.devices()[0].device_kind, "num_devices": jax.device_count(),
+      "cpus": os.cpu_count(), "load_average_1_5_15": [load1, load5, load15],
+      "platform": platform.platform(), "python": sys.version.split()[0],
+      "jax": jax.__version__,
+  }
+
+
+def peak_rss_bytes() -> int:
+  """High-water mark of this process's resident memory so far (Linux reports KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def measure_matmul_rate(size: int, min_seconds: float = 1.0, min_calls: int = 3
+                        ) -> dict[str, float]:
+  """FLOP/s of a jitted float32 [size, size] @ [size, size] (2·size³ FLOPs per call).
+
+  Calls are repeated until `min_seconds` have passed (at least `min_calls`); the rate uses
+  the median call, the same statistic as the step times it is compared with. Also per
+  CPU-second (all threads), for an MFU that other jobs on a shared machine disturb less.
+  """
+  if size < 1:
+    raise ValueError(f"matmul size must be >= 1, got {size}")
+  rng = np.random.default_rng(0)
+  a = jnp.asarray(rng.standard_normal((size, size)), jnp.float32)
+  b = jnp.asarray(rng.standard_normal((size, size)), jnp.float32)
+  matmul = jax.jit(jnp.dot)
+  matmul(a, b).block_until_ready()
+  times, cpu_times = [], []
+  while len(times) < min_calls or sum(times) < min_seconds:
+    start, cpu_start = time.perf_counter(), time.process_time()
+    matmul(a, b).block_until_ready()
+    times.append(time.perf_counter() - start)
+    cpu_times.append(time.process_time() - cpu_start)
+  median, cpu_median = float(np.median(times)), float(np.median(cpu_times))
+  return {"size": size, "calls": len(times), "median_s": median, "cpu_median_s": cpu_median,
+          "flops_per_s": 2.0 * size**3 / median, "flops_per_cpu_s": 2.0 * size**3 / cpu_median}
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+  """Per-call wall times after warm-up, and the CPU time (all threads) of each call."""
+
+  times_s: tuple[float, ...]
+  cpu_times_s: tuple[float, ...]
+
+  @property
+  def median_s(self) -> float:
+    return float(np.median(self.times_s))
+
+  @property
+  def cpu_median_s(self) -> float:
+    # CPU seconds are less sensitive than wall seconds to other jobs on a shared machine.
+    return float(np.median(self.cpu_times_s))
+
+  def as_dict(self) -> dict[str, Any]:
+    return {"median_s": self.median_s, "min_s": min(self.times_s),
+            "max_s": max(self.times_s), "iters": len(self.times_s),
+            "cpu_median_s": self.cpu_median_s}
+
+
+def time_calls(call: Callable[[], Any], warmup: int, iters: int) -> Timing:
+  """Runs `call` warmup + iters times, blocking on its output; times the last `iters`."""
+  if warmup < 0 or iters < 1:
+    raise ValueError(f"need warmup >= 0 and iters >= 1, got warmup={warmup}, iters={iters}")
+  for _ in range(warmup):
+    jax.block_until_ready(call())
+  times, cpu_times = [], []
+  for _ in range(iters):
+    start, cpu_start = time.perf_counter(), time.process_time()
+    jax.block_until_ready(call())
+    times.append(time.perf_counter() - start)
+    cpu_times.append(time.process_time() - cpu_start)
+  return Timing(tuple(times), tuple(cpu_times))
+
+
+def compile_jitted(jitted: Any, *args: Any) -> tuple[Any, float]:
+  """(compiled executable, seconds to lower and compile) of a `jax.jit` function."""
+  start = time.perf_counter()
+  compiled = jitted.lower(*args).compile()
+  return compiled, time.perf_counter() - start
+
+
+def xla_flops(compiled: Any) -> float | None:
+  """XLA's FLOP count of a compiled executable (while-loop bodies counted once), if any."""
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):  # older jax: one dict per computation
+    analysis = analysis[0] if analysis else None
+  if not analysis or "flops" not in analysis:
+    return None
+  return float(analysis["flops"])
+
+
+def memory_report(compiled: Any) -> dict[str, int]:
+  """The compiled executable's memory_analysis(), in bytes.
+
+  argument / output / temp: XLA's buffer sizes; alias: outputs that reuse donated arguments.
+  `total_bytes` = argument + output − alias + temp, the device memory the call needs with
+  its inputs resident; `xla_peak_bytes` is XLA's own peak of its buffer assignment.
+  """
+  stats = compiled.memory_analysis()
+  if stats is None:
+    raise RuntimeError("this backend's compiled executables report no memory_analysis()")
+  report = {
+      "argument_bytes": int(stats.argument_size_in_bytes),
+      "output_bytes": int(stats.output_size_in_bytes),
+      "alias_bytes": int(stats.alias_size_in_bytes),
+      "temp_bytes": int(stats.temp_size_in_bytes),
+  }
+  report["total_bytes"] = (report["argument_bytes"] + report["output_bytes"]
+                           - report["alias_bytes"] + report["temp_bytes"])
+  report["xla_peak_bytes"] = int(getattr(stats, "peak_memory_in_bytes", 0))
+  return report
+
+
+# ----------------------------------------------------------------------------- FLOPs
+
+
+def nonembedding_params(cfg: ModelConfig) -> int:
+  """Weights of the matmuls inside the layers (q, k, v, o and the gated MLP), no norms."""
+  d, hd = cfg.hidden_size, cfg.head_dim
+  attention = d * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+  mlp = 3 * d * cfg.intermediate_size
+  return cfg.num_layers * (attention + mlp)
+
+
+def decoder_forward_flops(cfg: ModelConfig, rows: int, seq_len: int,
+                          logit_positions: int) -> dict[str, float]:
+  """Matmul FLOPs of one forward pass over `rows` × `seq_len` tokens.
+
+  linear     2 · N_nonembed · rows · seq_len
+  attention  2 · 2 · rows · seq_len² · heads · head_dim per layer (QKᵀ and PV over the full
+             T × T score matrix, as the decoder computes it: no causal skipping)
+  unembed    2 · hidden · vocab · rows · logit_positions (logit_positions per row)
+  The embedding lookup is a gather (no FLOPs); norms and softmaxes are not counted.
+  """
+  tokens = rows * seq_len
+  return {
+      "linear": 2.0 * nonembedding_params(cfg) * tokens,
+      "attention": 4.0 * cfg.num_layers * rows * seq_len**2 * cfg.num_heads * cfg.head_dim,
+      "unembed": 2.0 * cfg.hidden_size * cfg.vocab_size * rows * logit_positions,
+  }
+
+
+def train_step_flops(cfg: ModelConfig, rows: int, seq_len: int,
+                     teacher_forwards: int = 0) -> dict[str, float]:
+  """Model FLOPs of one train step: forward + backward (3 × forward) of the student, plus
+  `teacher_forwards` stop-gradient forwards of the same shape (the fused step's teacher).
+
+  Logits are needed at the T − 1 predicting columns of every row. Recomputation (the
+  chunked loss rematerialises its logits in the backward pass) is not model work and is not
+  counted, as usual for MFU.
+  """
+  forward = decoder_forward_flops(cfg, rows, seq_len, seq_len - 1)
+  factor = 3.0 + teacher_forwards
+  parts = {name: factor * value for name, value in forward.items()}
+  parts["total"] = sum(parts.values())
+  return parts
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def write_json(path: str | os.PathLike, payload: Any) -> Path:
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(payload, indent=2) + "\n")
+  return path
+
+
+def gib(num_bytes: float) -> str:
+  return f"{num_bytes / 2**30:.3f} GiB"
