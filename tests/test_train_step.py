@@ -249,3 +249,17 @@ def test_checkpoint_resume_is_bit_exact_and_reshards(tmp_path):
                          "--steps", "3", "--first-step", "3", "--save-dir", str(ckpt),
                          "--restore"))
   _assert_same((straight[0][3:], straight[1], straight[2]), other)
+
+
+@pytest.mark.parametrize("schedule, expected", [
+    # warm-up 0 → 1 over 2 steps, then 8 decay steps to end_learning_rate = 0
+    ("constant", [0.0, 0.5, 1.0, 1.0, 1.0, 1.0]),
+    ("cosine", [0.0, 0.5, 1.0, 0.5 * (1 + np.cos(np.pi * 2 / 8)), 0.5, 0.0]),
+    ("linear", [0.0, 0.5, 1.0, 0.75, 0.5, 0.0]),
+])
+def test_learning_rate_schedules(schedule, expected):
+  lr = train_step.make_schedule(train_step.OptimizerConfig(
+      learning_rate=1.0, warmup_steps=2, schedule=schedule, total_steps=10))
+  np.testing.assert_allclose([float(lr(s)) for s in (0, 1, 2, 4, 6, 10)], expected, atol=1e-6)
+  with pytest.raises(ValueError, match="schedule"):
+    train_step.OptimizerConfig(schedule="step")

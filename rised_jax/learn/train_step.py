@@ -33,6 +33,7 @@ from rised_jax.learn import chunked, cripo, losses
 
 Array = jax.Array
 TEACHERS = ("live", "ema", "frozen")
+SCHEDULES = ("constant", "cosine", "linear")
 DISTILL_NORMS = ("distill-tokens", "kept-tokens")
 
 
@@ -138,6 +139,15 @@ class OptimizerConfig:
   weight_decay: float = 0.0
   max_grad_norm: float | None = 1.0
 
+  def __post_init__(self):
+    if self.schedule not in SCHEDULES:
+      raise ValueError(f"schedule {self.schedule!r}: expected one of {SCHEDULES}")
+    if self.learning_rate <= 0 or self.warmup_steps < 0:
+      raise ValueError(f"learning_rate ({self.learning_rate}) must be > 0 and warmup_steps "
+                       f"({self.warmup_steps}) >= 0")
+    if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+      raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
+
 
 def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:
   decay_steps = max(cfg.total_steps - cfg.warmup_steps, 1)
@@ -146,10 +156,8 @@ def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:
   elif cfg.schedule == "cosine":
     after = optax.cosine_decay_schedule(cfg.learning_rate, decay_steps,
                                         alpha=cfg.end_learning_rate / max(cfg.learning_rate, 1e-30))
-  elif cfg.schedule == "linear":
+  else:  # linear (OptimizerConfig checked the name)
     after = optax.linear_schedule(cfg.learning_rate, cfg.end_learning_rate, decay_steps)
-  else:
-    raise ValueError(f"optimizer schedule {cfg.schedule!r}: expected constant, cosine or linear")
   if cfg.warmup_steps <= 0:
     return after
   warmup = optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)
