@@ -35,6 +35,9 @@ def get_config(arg: str | None = None):
   c.select.batch_groups = 2
   c.step.beta = 0.05
   c.step.chunk = 256
+  # XLA:CPU keeps every layer's attention probabilities for the backward pass even under
+  # remat (about 1.7 GiB per row at T = 832), so rows go through the step two at a time.
+  c.step.micro_batches = 4
   c.optim.learning_rate = 2e-6
   c.train.steps = 3
   c.eval.episodes_per_env = 6

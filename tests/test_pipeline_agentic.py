@@ -1,0 +1,111 @@
+"""RISED's stages with a scripted engine: teacher rows, groups without positives, and hints
+that reach training rollouts but never evaluation prompts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from rised_jax.learn import batching
+from rised_jax.model import tiny
+from rised_jax.pipelines.agentic import AgenticPipeline
+from rised_jax.rollout.base import GenerationResult
+from tests.test_trainer import load_config_file
+
+CONFIG = Path(__file__).resolve().parent.parent / "experiments" / "configs" / "tiny_cpu.py"
+
+
+class RecordingEngine:
+  """Answers every request with `reply`, and records every prompt it was given."""
+
+  def __init__(self, tokenizer, reply: str):
+    self.ids = tokenizer.encode(reply) + [tokenizer.eos_token_id]
+    self.prompts: list[list[int]] = []
+
+  def generate(self, requests):
+    self.prompts += [list(r.prompt_ids) for r in requests]
+    return [GenerationResult(list(self.ids), [-0.25] * len(self.ids), "stop") for _ in requests]
+
+  def update_weights(self, model, version):
+    del model, version
+
+
+def _pipeline(reply: str):
+  config = load_config_file(CONFIG, "rised")
+  config.envs.names = ["frozenlake"]
+  config.envs.difficulty = {"frozenlake": dict(size=2, holes=0, min_distance=1, max_turns=1)}
+  config.select.pool_groups = 4
+  config.select.batch_groups = 4
+  tokenizer = tiny.build_tokenizer(tiny.environment_words(["frozenlake"]))
+  engine = RecordingEngine(tokenizer, reply)
+  return AgenticPipeline(config, engine, tokenizer), engine, tokenizer
+
+
+def _contains(haystack: list[int], needle: list[int]) -> bool:
+  return any(haystack[i:i + len(needle)] == needle for i in range(len(haystack) - len(needle) + 1))
+
+
+def _one_step(pipeline):
+  pool = pipeline.roll_out(0)
+  pipeline.judge(pool)
+  pipeline.advantages(pool)
+  selected = pipeline.select(pool, 0)
+  pipeline.teach(selected, pool, 0)
+  return pool, selected, pipeline.rows(selected)
+
+
+def test_teacher_rows_differ_from_student_rows_only_in_the_prefix():
+  # "right" wins the one-move maps whose goal is to the right: a pool with successes, so the
+  # successful groups' positive tags make teachers.
+  pipeline, _, _ = _pipeline("right")
+  pool, selected, rows = _one_step(pipeline)
+  assert any(g.successes.any() for g in pool)
+  with_teacher = [r for r in rows if r.teacher_prefix_ids is not None]
+  assert with_teacher
+  batch = batching.assemble(rows, pad_id=0, with_distill=True)
+  for i, row in enumerate(rows):
+    assert row.teacher_prefix_ids is None or row.teacher_prefix_ids != row.prefix_ids
+    # Every column after the prefix holds the same ids in the student and the teacher row;
+    # the prefix columns hold each row's own (left-padded) prefix.
+    n = len(row.response_ids)
+    start = int(np.flatnonzero(batch["attention_mask"][i])[-1]) + 1 - n
+    np.testing.assert_array_equal(batch["input_ids"][i, start:], batch["teacher_input_ids"][i, start:])
+    np.testing.assert_array_equal(batch["input_ids"][i, start:start + n], row.response_ids)
+    teacher_prefix = batch["teacher_input_ids"][i, :start][batch["teacher_attention_mask"][i, :start] > 0]
+    expected = row.prefix_ids if row.teacher_prefix_ids is None else row.teacher_prefix_ids
+    np.testing.assert_array_equal(teacher_prefix, expected)
+    assert (batch["distill_mask"][i].sum() > 0) == (row.teacher_prefix_ids is not None)
+  # The teacher prefix names successful behaviours; the student prefix does not.
+  group = next(g for g in selected if g.teacher_prefix is not None)
+  assert "Behaviours that succeed here" in group.teacher_prefix
+
+
+def test_groups_without_positives_get_no_distillation():
+  # "jump" is never a valid action: every rollout fails, so no positive tag comes from a
+  # successful rollout anywhere, and no group gets a teacher.
+  pipeline, _, _ = _pipeline("jump")
+  pool, selected, rows = _one_step(pipeline)
+  assert not any(g.successes.any() for g in pool)
+  assert all(g.teacher_prefix is None for g in selected)
+  batch = batching.assemble(rows, pad_id=0, with_distill=True)
+  assert batch["distill_mask"].sum() == 0
+
+
+def test_hints_reach_training_rollouts_but_never_evaluation():
+  pipeline, engine, tokenizer = _pipeline("jump")
+  pool, _, _ = _one_step(pipeline)         # every rollout malformed: a frequent negative tag
+  pipeline.observe(pool)
+  hint = pipeline.guidance.hint("frozenlake")
+  assert hint, "a frequent negative tag must produce a hint"
+  hint_ids = tokenizer.encode(hint)
+  engine.prompts.clear()
+  pool = pipeline.roll_out(2)
+  assert all(t.hint == hint for g in pool for t in g.trajectories)
+  assert engine.prompts and all(_contains(p, hint_ids) for p in engine.prompts)
+  engine.prompts.clear()
+  pipeline.evaluate()
+  assert engine.prompts and not any(_contains(p, hint_ids) for p in engine.prompts)
+  # Training rows use the hint-free prompt by default (train_with_hint=False).
+  pipeline.advantages(pool)
+  rows = pipeline.rows(pool)
+  assert not any(_contains(list(r.prefix_ids), hint_ids) for r in rows)
