@@ -33,7 +33,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rised_jax.rubrics.profiles import is_tagged
+from rised_jax.rubrics.profiles import tag_frequencies
 from rised_jax.rubrics.prompt import load_template
 from rised_jax.rubrics.vocabulary import Vocabulary
 from rised_jax.types import Group
@@ -68,22 +68,8 @@ class GuidanceMemory:
 
   def update(self, groups: Sequence[Group]) -> None:
     """Folds in the negative-tag frequencies of the tagged rollouts of `groups`."""
-    sums: dict[str, np.ndarray] = {}
-    counts: dict[str, int] = {}
-    for group in groups:
-      for traj in group.trajectories:
-        if not is_tagged(traj):
-          continue
-        if np.shape(traj.tags) != (len(self.vocab),):
-          raise ValueError(f"guidance memory: rollout of {traj.task.key} has tags of shape "
-                           f"{np.shape(traj.tags)}; vocabulary {self.vocab.source} has "
-                           f"{len(self.vocab)} entries")
-        env = traj.task.env
-        present = (np.asarray(traj.tags)[self._negative] > 0.5).astype(np.float64)
-        sums[env] = sums.get(env, 0.0) + present
-        counts[env] = counts.get(env, 0) + 1
-    for env, total in sums.items():
-      batch_mean = total / counts[env]
+    for env, by_tag in tag_frequencies(groups, self.vocab).items():
+      batch_mean = np.asarray([by_tag[tag] for tag in self.vocab.negative_ids])
       if env not in self._freq:
         self._freq[env] = batch_mean if self.init == "first" else self.rate * batch_mean
       else:
