@@ -19,8 +19,9 @@ TINY_QWEN3 = {
 }
 
 
-def tiny_model(seed: int = 0):
-  return from_config(ModelConfig.from_hf(TINY_QWEN3, source="tests/step_fixtures.py"), seed)
+def tiny_model(seed: int = 0, remat: bool = False):
+  return from_config(ModelConfig.from_hf(TINY_QWEN3, source="tests/step_fixtures.py"), seed,
+                     remat=remat)
 
 
 def optimizer() -> optax.GradientTransformation:

@@ -79,8 +79,8 @@ def test_fused_loss_and_grads_equal_unchunked_reference():
   assert float(jnp.abs(jnp.asarray(jax.tree.leaves(grads)[0])).max()) > 0
 
 
-def _run_steps(config, steps=2, optimizer=None):
-  trainable, state = train_step.create(step_fixtures.tiny_model(),
+def _run_steps(config, steps=2, optimizer=None, remat=False):
+  trainable, state = train_step.create(step_fixtures.tiny_model(remat=remat),
                                        optimizer or step_fixtures.optimizer(), config,
                                        _one_device_mesh())
   history = []
@@ -106,6 +106,17 @@ def test_micro_batched_accumulation_equals_full_batch():
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
       moved = max(moved, float(np.abs(np.asarray(a) - np.asarray(p0)).max()))
     assert moved > 1e-3   # the steps really changed the parameters
+
+
+def test_micro_batches_with_remat_equal_the_full_batch():
+  """The SmolLM2 main job runs remat + micro-batches: nnx.remat under the micro-batch scan."""
+  sgd = optax.sgd(0.5)
+  full_state, full = _run_steps(step_fixtures.step_config(), steps=1, optimizer=sgd)
+  state, hist = _run_steps(step_fixtures.step_config(micro_batches=2), steps=1, optimizer=sgd,
+                           remat=True)
+  np.testing.assert_allclose(full[0]["loss"], hist[0]["loss"], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(full_state.params), jax.tree.leaves(state.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_token_mean_micro_batches_with_seq_sum_norm():

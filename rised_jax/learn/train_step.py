@@ -268,8 +268,6 @@ def _split_micro(batch: Mapping[str, Array], micro_batches: int) -> dict[str, Ar
   Strided (not contiguous) so that each micro-batch keeps rows from every data shard.
   """
   def one(x):
-    if x.ndim == 0:
-      return x
     rows = x.shape[0]
     x = x.reshape(rows // micro_batches, micro_batches, *x.shape[1:])
     return jnp.swapaxes(x, 0, 1)
@@ -304,14 +302,14 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
       (loss, metric_sums), grads = grad_fn(state.params, rest, state.teacher_params, graphdef,
                                            config, batch, denominators, beta)
     else:
+      # The first micro-batch starts the accumulators (no eval_shape of the loss: tracing a
+      # model merged from outer-trace values breaks nnx.remat's trace-level check).
       micro = _split_micro(batch, config.micro_batches)
-      first = jax.tree.map(lambda x: x[0] if x.ndim else x, micro)
-      metric_shapes = jax.eval_shape(
-          lambda: _micro_loss(state.params, rest, state.teacher_params, graphdef, config, first,
-                              denominators, beta)[1])
-      zeros = (jax.tree.map(jnp.zeros_like, state.params), jnp.zeros((), jnp.float32),
-               jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes))
-      (grads, loss, metric_sums), _ = jax.lax.scan(accumulate, zeros, micro)
+      (loss, metric_sums), grads = grad_fn(
+          state.params, rest, state.teacher_params, graphdef, config,
+          {k: v[0] for k, v in micro.items()}, denominators, beta)
+      (grads, loss, metric_sums), _ = jax.lax.scan(
+          accumulate, (grads, loss, metric_sums), {k: v[1:] for k, v in micro.items()})
 
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
