@@ -104,18 +104,17 @@ def assemble(rows: Sequence[Row], *, pad_id: int, num_rows: int | None = None,
     out["loss_mask"][i, p:p + n] = loss
     out["advantages"][i, p:p + n] = row.advantage * loss
     out["behaviour_logprobs"][i, p:p + n] = np.asarray(row.response_behaviour_logprobs) * loss
+    teachers = []   # (ids key, attention key, mask key, teacher prefix or None)
     if with_distill:
-      has_teacher = row.teacher_prefix_ids is not None
-      fill("teacher_input_ids", "teacher_attention_mask",
-           row.teacher_prefix_ids if has_teacher else row.prefix_ids)
-      if has_teacher:
-        out["distill_mask"][i, p:p + n] = loss
+      teachers.append(("teacher_input_ids", "teacher_attention_mask", "distill_mask",
+                       row.teacher_prefix_ids))
     if with_counterfactual:
-      has_cf = row.cf_teacher_prefix_ids is not None
-      fill("cf_teacher_input_ids", "cf_teacher_attention_mask",
-           row.cf_teacher_prefix_ids if has_cf else row.prefix_ids)
-      if has_cf:
-        out["cf_mask"][i, p:p + n] = loss
+      teachers.append(("cf_teacher_input_ids", "cf_teacher_attention_mask", "cf_mask",
+                       row.cf_teacher_prefix_ids))
+    for ids_key, mask_key, token_mask_key, teacher_prefix in teachers:
+      fill(ids_key, mask_key, row.prefix_ids if teacher_prefix is None else teacher_prefix)
+      if teacher_prefix is not None:
+        out[token_mask_key][i, p:p + n] = loss
   # Padding rows: one attended token so every row has a real position 0; no loss anywhere.
   for key in ("attention_mask", "teacher_attention_mask", "cf_teacher_attention_mask"):
     if key in out:
