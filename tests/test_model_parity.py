@@ -2,7 +2,9 @@
 
 Every tiny family config in model_utils.TINY_CONFIGS is run on a batch of rows of different
 lengths, left- and right-padded; each row's logits at its real columns must equal
-transformers' logits for that row run alone (1e-4 max abs).
+transformers' logits for that row run alone (1e-4 max abs). The full-sequence path's
+block-skipping attention must equal the plain masked attention in values and gradients, and
+rows longer than a query block must still match transformers.
 """
 from __future__ import annotations
 
@@ -228,6 +230,164 @@ def test_parameters_carry_logical_axes():
   assert spec(specs["layers"][0]["attn"]["q_proj"]) == P("fsdp", "tensor", None)
   assert spec(specs["layers"][0]["mlp"]["down_proj"]) == P("tensor", "fsdp")
   assert spec(specs["final_norm"]["scale"]) == P(None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The full-sequence path: causal query blocks with a recomputing backward, flat matmuls.
+
+LONG_ROWS = (150, 97, 30)   # beyond two default query blocks (64), not a multiple of 64
+
+
+def _block_attention_inputs(side: str, window: int | None) -> tuple:
+  """GQA q [3, 37, 4, 8], k/v [3, 37, 2, 8], the full-sequence mask of rows of lengths
+  (37, 20, 5) padded on `side`, and loss weights that are zero at padding queries."""
+  rng = np.random.default_rng(11)
+  q = jnp.asarray(rng.normal(size=(3, 37, 4, 8)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(3, 37, 2, 8)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(3, 37, 2, 8)), jnp.float32)
+  _, pad = mu.padded_batch(mu.random_rows((37, 20, 5)), side)
+  slots, positions = jnp.arange(37), dec.positions_from_mask(pad)
+  mask = dec.visible_keys(slots, positions, slots, positions, pad.astype(bool), window)
+  weights = jnp.asarray(rng.normal(size=q.shape), jnp.float32) * pad[:, :, None, None]
+  return q, k, v, mask, weights
+
+
+def _values_and_grads(attend, q, k, v, mask, weights):
+  """(output, d/dq, d/dk, d/dv of sum(sin(output) · weights)), in one jitted call."""
+  def loss(q, k, v):
+    out = attend(q, k, v, mask)
+    return jnp.sum(jnp.sin(out) * weights), out
+  (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+  return (np.asarray(out), *map(np.asarray, grads))
+
+
+@pytest.mark.parametrize("side, window, softcap, block", [
+    ("left", None, None, 8),    # 37 columns: 4 blocks of 8 and one of 5
+    ("left", 6, None, 8),       # sliding window
+    ("left", 6, 2.0, 5),
+    ("right", None, 2.0, 8),
+    ("right", 6, None, 8),
+    ("left", 6, None, 64),      # one block, longer than the sequence
+])
+def test_block_attention_equals_masked_attention(side, window, softcap, block):
+  q, k, v, mask, weights = _block_attention_inputs(side, window)
+  sees_a_key = np.asarray(mask).any(-1)
+  if side == "left":
+    assert not sees_a_key.all()   # the case includes padding queries that see nothing
+  plain = _values_and_grads(
+      lambda q, k, v, m: dec.attention(q, k, v, m, scale=0.3, softcap=softcap),
+      q, k, v, mask, weights)
+  blocked = _values_and_grads(
+      lambda q, k, v, m: dec.causal_block_attention(q, k, v, m, scale=0.3, softcap=softcap,
+                                                    block=block),
+      q, k, v, mask, weights)
+  for name, ours in zip(("output", "dq", "dk", "dv"), blocked):
+    assert np.isfinite(ours).all(), name
+  np.testing.assert_allclose(blocked[0][sees_a_key], plain[0][sees_a_key], atol=1e-5, rtol=0)
+  for name, ours, reference in zip(("dq", "dk", "dv"), blocked[1:], plain[1:]):
+    assert np.abs(reference).max() > 0.1, name
+    np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=0, err_msg=name)
+
+
+def test_block_attention_refuses_cross_attention():
+  q = jnp.zeros((1, 4, 2, 8))
+  kv = jnp.zeros((1, 6, 1, 8))
+  with pytest.raises(ValueError, match="self-attention over one sequence"):
+    dec.causal_block_attention(q, kv, kv, jnp.ones((1, 4, 6), bool), scale=1.0)
+  with pytest.raises(ValueError, match="block must be >= 1"):
+    dec.causal_block_attention(q, q[:, :, :1], q[:, :, :1], jnp.ones((1, 4, 4), bool),
+                               scale=1.0, block=0)
+
+
+def test_query_block_size_hand_cases():
+  sizes = {n: dec.query_block_size(n) for n in (1, 64, 1024, 1025, 1088, 4096, 4097)}
+  assert sizes == {1: 64, 64: 64, 1024: 64, 1025: 128, 1088: 128, 4096: 256, 4097: 320}
+  assert all(-(-n // size) <= dec.MAX_QUERY_BLOCKS for n, size in sizes.items())
+
+
+def test_block_attention_skips_work_and_keeps_no_score_matrix():
+  """Compiled (not timed) figures at T = 256 in 4 blocks of 64: the forward does about
+  (4 + 1) / 8 of the full attention's FLOPs; through stacked layers, the gradient's scratch
+  memory grows by a fraction of one [B, H, T, T] score matrix per layer (the block attention
+  keeps only per-row statistics for its backward pass), the plain attention's by more than
+  one (measured: 0.1 and 2.1)."""
+  batch, length, heads, kv_heads, head_dim = 1, 256, 4, 2, 8
+  rng = np.random.default_rng(12)
+  q = jnp.asarray(rng.normal(size=(batch, length, heads, head_dim)), jnp.float32)
+  kv = jnp.asarray(rng.normal(size=(batch, length, kv_heads, head_dim)), jnp.float32)
+  slots, ones = jnp.arange(length), jnp.ones((batch, length), bool)
+  positions = dec.positions_from_mask(ones)
+  mask = dec.visible_keys(slots, positions, slots, positions, ones, None)
+  score_matrix_bytes = batch * heads * length * length * 4
+  flops, temp_bytes = {}, {}
+  for name, attend in (("plain", dec.attention), ("block", dec.causal_block_attention)):
+    forward = jax.jit(lambda q, kv, m, f=attend: f(q, kv, kv, m, scale=0.3))
+    cost = forward.lower(q, kv, mask).compile().cost_analysis()
+    flops[name] = (cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"]
+    for layers in (1, 3):
+      def stacked(q, kv, m, f=attend, layers=layers):
+        x = q
+        for _ in range(layers):
+          x = jnp.tanh(f(x, kv, kv, m, scale=0.3))
+        return jnp.sum(x)
+      compiled = jax.jit(jax.grad(stacked, argnums=(0, 1))).lower(q, kv, mask).compile()
+      temp_bytes[name, layers] = compiled.memory_analysis().temp_size_in_bytes
+  assert flops["block"] < 0.7 * flops["plain"], flops
+  growth = {name: (temp_bytes[name, 3] - temp_bytes[name, 1]) / 2 for name in flops}
+  assert growth["plain"] > score_matrix_bytes, temp_bytes
+  assert growth["block"] < score_matrix_bytes / 4, temp_bytes
+  assert temp_bytes["block", 3] < temp_bytes["plain", 3] / 4, temp_bytes
+
+
+@pytest.mark.parametrize("name", ["gemma3", "qwen2_sliding"])
+def test_rows_longer_than_a_query_block_match_transformers(name):
+  """Left-padded rows spanning three query blocks, sliding and global layers."""
+  hf = mu.hf_model(mu.tiny_config(name, max_position_embeddings=256), seed=7)
+  rows = mu.random_rows(LONG_ROWS, seed=8)
+  ids, mask = mu.padded_batch(rows, "left")
+  assert dec.query_block_size(ids.shape[1]) < ids.shape[1] - dec.QUERY_BLOCK
+  logits = np.asarray(FORWARD(mu.decoder_from_hf(hf), ids, mask))
+  assert np.isfinite(logits).all()
+  for b, row in enumerate(rows):
+    np.testing.assert_allclose(logits[b, mu.real_columns(mask, b)], mu.hf_logits(hf, row),
+                               atol=ATOL, rtol=0, err_msg=f"{name} row {b}")
+
+
+def test_decoder_gradients_equal_those_of_plain_attention(monkeypatch):
+  """Every parameter's gradient of a loss over the real columns of left-padded rows longer
+  than a query block: block attention under remat equals the plain masked attention."""
+  cfg = ModelConfig.from_hf(mu.tiny_config("gemma3", max_position_embeddings=256))
+  ids, mask = mu.padded_batch(mu.random_rows(LONG_ROWS[:2], seed=9), "left")
+  weights = jax.random.normal(jax.random.key(1), (*ids.shape, mu.VOCAB)) * mask[..., None]
+
+  def grads(remat):
+    graphdef, state = nnx.split(mu.random_decoder(cfg, seed=3, remat=remat))
+    loss = lambda s: jnp.sum(nnx.merge(graphdef, s)(ids, mask) * weights)  # pylint: disable=unnecessary-lambda-assignment
+    return jax.tree.leaves(jax.jit(jax.grad(loss))(state))
+
+  blocked = grads(remat=True)
+  monkeypatch.setattr(dec, "causal_block_attention",
+                      lambda q, k, v, m, *, scale, softcap: dec.attention(
+                          q, k, v, m, scale=scale, softcap=softcap))
+  plain = grads(remat=False)
+  assert len(plain) == len(blocked) > 0
+  scale = max(float(jnp.abs(g).max()) for g in plain)
+  assert scale > 0
+  for reference, ours in zip(plain, blocked):
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(reference), atol=1e-5 * scale,
+                               rtol=0)
+
+
+@pytest.mark.parametrize("in_dims", [1, 2])
+def test_flat_matmul_matches_numpy(in_dims):
+  rng = np.random.default_rng(13)
+  x = rng.normal(size=(2, 3, 4, 5)).astype(np.float32)
+  kernel = rng.normal(size=(4, 5, 6) if in_dims == 2 else (5, 3, 2)).astype(np.float32)
+  spec = "btij,ijo->bto" if in_dims == 2 else "btij,jno->btino"
+  out = dec.flat_matmul(jnp.asarray(x), jnp.asarray(kernel), in_dims=in_dims)
+  np.testing.assert_allclose(np.asarray(out), np.einsum(spec, x, kernel), rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="disagree on the 2 contracted axes"):
+    dec.flat_matmul(jnp.asarray(x), jnp.zeros((5, 4, 6)), in_dims=2)
 
 
 @pytest.mark.slow

@@ -10,6 +10,12 @@ Padding: positions are `cumsum(mask) - 1` (clipped at 0), so left- and right-pad
 give every row the positions it would have alone; padding keys are never attended, and a
 padding query (which may see no key at all) gets finite, meaningless values, never NaN.
 
+Speed. Every matmul with a weight is one 2-D matmul over the flattened [B·T, ...] rows
+(`flat_matmul`), whatever the kernel's stored shape. The full-sequence path (training,
+scoring) attends with `causal_block_attention`: query blocks skip the keys after them and the
+backward pass recomputes each block's probabilities, so no [B, H, T, T] buffer is kept between
+the passes. The KV-cache path uses the plain masked `attention` over the cache.
+
 Logical axes. Every parameter carries its axis names as `out_sharding` metadata
 (`nnx.get_partition_spec` maps them through the active logical-axis rules):
   vocab     vocabulary rows of the embedding, columns of the unembedding
@@ -26,6 +32,7 @@ gate/up [embed, mlp], down [mlp, embed], unembedding [embed, vocab].
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple
 
 import jax
@@ -39,6 +46,11 @@ VOCAB, EMBED, HEADS, KV_HEADS, HEAD_DIM, MLP_AXIS, NORM = (
     "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm")
 LOGICAL_AXES = (VOCAB, EMBED, HEADS, KV_HEADS, HEAD_DIM, MLP_AXIS, NORM)
 
+# Query columns per block of `causal_block_attention`, and the most blocks per sequence:
+# every block is unrolled into the compiled program, so compile time grows with their number,
+# while the score work saved barely moves beyond 16 blocks ((n + 1) / 2n of the full T × T).
+QUERY_BLOCK = 64
+MAX_QUERY_BLOCKS = 16
 # Finite, so that a query with no visible key (a padding row) softmaxes to a uniform row
 # instead of NaN; far below any real score.
 _MASKED_SCORE = -1e30
@@ -122,6 +134,193 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scal
   return out.reshape(batch, length, heads, head_dim)
 
 
+def query_block_size(length: int) -> int:
+  """Query columns per block for a sequence of `length`: QUERY_BLOCK, or the smallest
+  multiple of it that needs at most MAX_QUERY_BLOCKS blocks."""
+  return QUERY_BLOCK * max(1, -(-length // (QUERY_BLOCK * MAX_QUERY_BLOCKS)))
+
+
+def _split_heads(x: jax.Array, kv_heads: int) -> jax.Array:
+  """[B, T, N, hd] -> head-major [B, KVH, N // KVH, T, hd] (query groups per KV head)."""
+  batch, length, heads, head_dim = x.shape
+  return x.reshape(batch, length, kv_heads, heads // kv_heads, head_dim).transpose(0, 2, 3, 1, 4)
+
+
+def _merge_heads(x: jax.Array) -> jax.Array:
+  """[B, KVH, G, T, hd] -> [B, T, KVH·G, hd], the inverse of `_split_heads`."""
+  batch, kv_heads, groups, length, head_dim = x.shape
+  return x.transpose(0, 3, 1, 2, 4).reshape(batch, length, kv_heads * groups, head_dim)
+
+
+def _capped(raw: jax.Array, softcap: float | None) -> jax.Array:
+  return raw if softcap is None else jnp.tanh(raw / softcap) * softcap
+
+
+def _block_forward(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
+                   softcap: float | None) -> tuple[jax.Array, jax.Array]:
+  """One query block, head-major: q [B, KVH, G, Tq, hd], k/v [B, KVH, S, hd], mask [B, Tq, S]
+  -> (output [B, KVH, G, Tq, hd], log-sum-exp of the masked scores [B, KVH, G, Tq])."""
+  raw = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+  scores = jnp.where(mask[:, None, None], _capped(raw, softcap), _MASKED_SCORE)
+  top = jnp.max(scores, axis=-1, keepdims=True)
+  weights = jnp.exp(scores - top)
+  total = jnp.sum(weights, axis=-1, keepdims=True)
+  out = jnp.einsum("bkgts,bksd->bkgtd", (weights / total).astype(v.dtype), v)
+  return out, (top + jnp.log(total))[..., 0]
+
+
+def _block_backward(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                    out: jax.Array, lse: jax.Array, dout: jax.Array, scale: float,
+                    softcap: float | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(dq, dk, dv) of one query block, from its probabilities recomputed with the saved lse.
+
+  The softmax backward is dS = P ∘ (dP − rowsum(dO ∘ O)), zero where the mask hides a key
+  (the gradient of the forward's `where`), times the softcap's 1 − tanh² and the scale.
+  """
+  raw = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+  scores = _capped(raw, softcap)
+  visible = mask[:, None, None]
+  probs = jnp.exp(jnp.where(visible, scores, _MASKED_SCORE) - lse[..., None])
+  dv = jnp.einsum("bkgts,bkgtd->bksd", probs.astype(dout.dtype), dout,
+                  preferred_element_type=jnp.float32)
+  dprobs = jnp.einsum("bkgtd,bksd->bkgts", dout, v, preferred_element_type=jnp.float32)
+  row_dot = jnp.einsum("bkgtd,bkgtd->bkgt", dout, out, preferred_element_type=jnp.float32)
+  dscores = jnp.where(visible, probs * (dprobs - row_dot[..., None]), 0.0)
+  if softcap is not None:
+    dscores = dscores * (1.0 - jnp.square(scores / softcap))
+  dscores = (dscores * scale).astype(q.dtype)
+  dq = jnp.einsum("bkgts,bksd->bkgtd", dscores, k, preferred_element_type=jnp.float32)
+  dk = jnp.einsum("bkgts,bkgtd->bksd", dscores, q, preferred_element_type=jnp.float32)
+  return dq, dk, dv
+
+
+def _query_blocks(length: int, block: int) -> list[tuple[int, int]]:
+  return [(start, min(start + block, length)) for start in range(0, length, block)]
+
+
+def _after(x: jax.Array, previous: jax.Array) -> jax.Array:
+  """x + 0·previous (`previous` broadcasts against x): an exact data dependency.
+
+  XLA:CPU drops optimization barriers before it schedules, and its scheduler would start
+  every block at once (all their scores live); depending on the previous block's result
+  makes the blocks run in turn. `previous` is a per-row slice of a result, so the dependency
+  stays local under any sharding of batch and heads. x changes only where `previous` is
+  already inf or NaN.
+  """
+  return x + jnp.zeros((), x.dtype) * previous.astype(x.dtype)
+
+
+def _add_to_prefix(total: jax.Array, part: jax.Array, axis: int) -> jax.Array:
+  """total with `part` added to its first part.shape[axis] entries along `axis` (in place
+  once compiled)."""
+  head = jax.lax.slice_in_dim(total, 0, part.shape[axis], axis=axis)
+  return jax.lax.dynamic_update_slice_in_dim(total, head + part, 0, axis)
+
+
+def _causal_blocks_forward(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                           scale: float, softcap: float | None, block: int
+                           ) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+  """(output [B, T, H, hd], residuals for the backward: head-major q, k, v, the mask, the
+  head-major output and the log-sum-exp of every query's scores)."""
+  kv_heads = k.shape[2]
+  qh = _split_heads(q, kv_heads)
+  kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+  outs, lses = [], []
+  for start, stop in _query_blocks(q.shape[1], block):
+    q_block = qh[..., start:stop, :]
+    if lses:
+      q_block = _after(q_block, lses[-1][..., :1, None])
+    out, lse = _block_forward(q_block, kh[..., :stop, :], vh[..., :stop, :],
+                              mask[:, start:stop, :stop], scale, softcap)
+    outs.append(out)
+    lses.append(lse)
+  out = jnp.concatenate(outs, axis=3)
+  return _merge_heads(out), (qh, kh, vh, mask, out, jnp.concatenate(lses, axis=3))
+
+
+def _causal_blocks_backward(scale: float, softcap: float | None, block: int,
+                            residuals: tuple[jax.Array, ...], dout: jax.Array
+                            ) -> tuple[jax.Array, jax.Array, jax.Array, None]:
+  """(dq, dk, dv, no cotangent for the boolean mask), block by block; dk and dv accumulate
+  in float32 over the blocks whose keys they are."""
+  qh, kh, vh, mask, out, lse = residuals
+  douth = _split_heads(dout, kh.shape[1])
+  dk = jnp.zeros(kh.shape, jnp.float32)
+  dv = jnp.zeros(vh.shape, jnp.float32)
+  dqs = []
+  for start, stop in _query_blocks(qh.shape[3], block):
+    dout_block = douth[..., start:stop, :]
+    # The recomputation waits for the cotangent (else XLA may run every layer's early, all
+    # live at once) and for the previous block.
+    q_block = _after(qh[..., start:stop, :], dout_block[..., :1, :1])
+    if dqs:
+      q_block = _after(q_block, dqs[-1][..., :1, :1])
+    dq_block, dk_block, dv_block = _block_backward(
+        q_block, kh[..., :stop, :], vh[..., :stop, :], mask[:, start:stop, :stop],
+        out[..., start:stop, :], lse[..., start:stop], dout_block, scale, softcap)
+    dqs.append(dq_block)
+    dk, dv = _add_to_prefix(dk, dk_block, axis=2), _add_to_prefix(dv, dv_block, axis=2)
+  dq = _merge_heads(jnp.concatenate(dqs, axis=3))
+  return (dq.astype(qh.dtype), dk.transpose(0, 2, 1, 3).astype(kh.dtype),
+          dv.transpose(0, 2, 1, 3).astype(vh.dtype), None)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _causal_blocks(q, k, v, mask, scale, softcap, block):
+  return _causal_blocks_forward(q, k, v, mask, scale, softcap, block)[0]
+
+
+_causal_blocks.defvjp(_causal_blocks_forward, _causal_blocks_backward)
+
+
+def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
+                           scale: float, softcap: float | None = None,
+                           block: int | None = None) -> jax.Array:
+  """`attention` over one full sequence, skipping the keys that causality hides.
+
+  q [B, T, H, hd], k/v [B, T, KVH, hd] over the same T slots, mask [B, T, T] causal by slot
+  (no query sees a later slot) -> [B, T, H, hd]. Query block i (columns
+  [i·block, (i+1)·block), block = `query_block_size(T)` unless given) attends only to the
+  keys before its end: about half the score work of `attention` for long T. The blocks run
+  in turn, and the backward pass recomputes each block's probabilities from its saved
+  log-sum-exp (the flash-attention backward), so no [B, H, T, T] buffer is stored between
+  the passes and the peak is one block's [B, H, block, T].
+
+  Equals `attention(q, k, v, mask)`, values and gradients, at every query that sees at least
+  one key. A query that sees none (padding) gets the mean of the values before its block's
+  end: finite and meaningless, as with `attention`.
+  """
+  length = q.shape[1]
+  if k.shape[1] != length or v.shape != k.shape or mask.shape[1:] != (length, length):
+    raise ValueError(f"causal_block_attention: needs self-attention over one sequence; got "
+                     f"q {q.shape}, k {k.shape}, v {v.shape}, mask {mask.shape}")
+  block = query_block_size(length) if block is None else block
+  if block < 1:
+    raise ValueError(f"causal_block_attention: block must be >= 1, got {block}")
+  return _causal_blocks(q, k, v, mask, scale, softcap, block)
+
+
+def flat_matmul(x: jax.Array, kernel: jax.Array, in_dims: int,
+                preferred_element_type=None) -> jax.Array:
+  """Contracts the last `in_dims` axes of x with the first `in_dims` axes of kernel.
+
+  x [..., *in] and kernel [*in, *out] -> [..., *out], computed as one 2-D matmul
+  [rows, prod(in)] @ [prod(in), prod(out)]. An einsum over multi-axis kernels (e.g. q
+  [embed, heads, head_dim]) leaves XLA:CPU transposing activations and gradients around the
+  dots of the backward pass; the flat form has none. Only adjacent axes are merged, a sharded
+  one (batch, heads) always as the major of its group, which GSPMD keeps sharded.
+  """
+  lead, contracted = x.shape[:x.ndim - in_dims], x.shape[x.ndim - in_dims:]
+  if kernel.shape[:in_dims] != contracted:
+    raise ValueError(f"flat_matmul: x {x.shape} and kernel {kernel.shape} disagree on the "
+                     f"{in_dims} contracted axes")
+  out_shape = kernel.shape[in_dims:]
+  rows = x.reshape(-1, int(np.prod(contracted)))
+  out = jnp.dot(rows, kernel.reshape(rows.shape[1], int(np.prod(out_shape))),
+                preferred_element_type=preferred_element_type)
+  return out.reshape(*lead, *out_shape)
+
+
 def softcap_logits(logits: jax.Array, cap: float | None) -> jax.Array:
   return logits if cap is None else jnp.tanh(logits / cap) * cap
 
@@ -183,7 +382,8 @@ class Attention(nnx.Module):
     self.dtype = dtype
 
   def _project(self, x: jax.Array, kernel: nnx.Param, bias: nnx.Param | None) -> jax.Array:
-    out = jnp.einsum("btd,dnk->btnk", x, kernel[...].astype(self.dtype))
+    """x [B, T, D] -> [B, T, N, hd] through a [D, N, hd] kernel, as one 2-D matmul."""
+    out = flat_matmul(x, kernel[...].astype(self.dtype), in_dims=1)
     return out if bias is None else out + bias[...].astype(self.dtype)
 
   def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
@@ -201,13 +401,16 @@ class Attention(nnx.Module):
     if self.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    if kv is not None:
+    if kv is None:
+      # Full sequence: the mask is causal over these T slots, so later keys can be skipped.
+      out = causal_block_attention(q, k, v, mask, scale=self.scale, softcap=self.softcap)
+    else:
       start = (0, cache_index, 0, 0)
       k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), start)
       v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), start)
-    out = attention(q, k.astype(self.dtype), v.astype(self.dtype), mask, scale=self.scale,
-                    softcap=self.softcap)
-    out = jnp.einsum("bthk,hkd->btd", out, self.o_proj[...].astype(self.dtype))
+      out = attention(q, k.astype(self.dtype), v.astype(self.dtype), mask, scale=self.scale,
+                      softcap=self.softcap)
+    out = flat_matmul(out, self.o_proj[...].astype(self.dtype), in_dims=2)
     if self.o_bias is not None:
       out = out + self.o_bias[...].astype(self.dtype)
     return out, (k, v)
@@ -232,7 +435,7 @@ class MLP(nnx.Module):
     self.dtype = dtype
 
   def _linear(self, x: jax.Array, kernel: nnx.Param, bias: nnx.Param | None) -> jax.Array:
-    out = x @ kernel[...].astype(self.dtype)
+    out = flat_matmul(x, kernel[...].astype(self.dtype), in_dims=1)
     return out if bias is None else out + bias[...].astype(self.dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -347,12 +550,11 @@ class Decoder(nnx.Module):
 
   def logits(self, hidden: jax.Array) -> jax.Array:
     """[..., D] hidden states -> [..., V] float32 logits (tied or untied, softcapped)."""
-    if self.lm_head is None:
-      logits = jnp.einsum("...d,vd->...v", hidden, self.embed[...].astype(self.dtype),
-                          preferred_element_type=jnp.float32)
-    else:
-      logits = jnp.einsum("...d,dv->...v", hidden, self.lm_head[...].astype(self.dtype),
-                          preferred_element_type=jnp.float32)
+    # The tied embedding as a [D, V] kernel: its gradient is then hᵀ·dlogits, for which
+    # XLA:CPU transposes the [N, D] hidden states instead of the V-wide logit gradients.
+    kernel = self.embed[...].T if self.lm_head is None else self.lm_head[...]
+    logits = flat_matmul(hidden, kernel.astype(self.dtype), in_dims=1,
+                         preferred_element_type=jnp.float32)
     return softcap_logits(logits, self.cfg.final_logit_softcap)
 
   def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
