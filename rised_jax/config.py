@@ -62,6 +62,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.max_new_tokens_per_turn = 64
   c.rollout.max_total_tokens = 1024
   c.rollout.max_batch = 64
+  # Forced text at the start of every reply (context, not trained on) and texts that end a
+  # reply; e.g. "<answer>" and ["</answer>"] for a model too small to keep the answer format.
+  c.rollout.reply_prefix = ""
+  c.rollout.stop_strings = []
   # JaxEngine shape buckets: each (batch, prompt, new-token) bucket compiles once.
   c.rollout.batch_buckets = []           # [] = powers of two up to max_batch
   c.rollout.prompt_buckets = [256, 512, 1024, 2048, 4096]
@@ -229,6 +233,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.pipeline={config.pipeline!r}: expected one of {pipelines.PIPELINES}")
   if config.rollout.engine not in ("jax", "sglang"):
     raise ValueError(f"config.rollout.engine={config.rollout.engine!r}: expected 'jax' or 'sglang'")
+  if not isinstance(config.rollout.reply_prefix, str):
+    raise ValueError(f"config.rollout.reply_prefix={config.rollout.reply_prefix!r}: expected a "
+                     "string")
+  stops = config.rollout.stop_strings
+  if isinstance(stops, str) or not all(isinstance(x, str) and x for x in stops):
+    raise ValueError(f"config.rollout.stop_strings={stops!r}: expected a list of non-empty "
+                     "strings")
   if config.rollout.group_size < 2:
     raise ValueError(f"config.rollout.group_size={config.rollout.group_size}: group advantages "
                      "need at least 2 rollouts per task")

@@ -293,6 +293,49 @@ def test_hint_only_in_the_prompt_of_its_environment(tokenizer, scripted_run):
   assert plain.hint == "" and hint not in tokenizer.decode(plain.token_ids)
 
 
+def test_reply_prefix_is_context_and_stop_strings_cut_replies(tokenizer):
+  # Replies continue a forced "<answer>": the oracle's action, "</answer>", then chatter and
+  # the eot that a stop string must cut off; the environment reads prefix + kept reply.
+  task = Task("maze", 0, {"max_turns": 5})
+  plan = make_env(task)
+  plan.reset(task.seed)
+  plan = plan.oracle()
+  kept, tail = {}, tokenizer.encode(" and then more words") + [IM_END]
+  for turn in range(len(plan)):
+    kept[sampling_seed(RUN_SEED, task, 0, turn)] = tokenizer.encode(f"{plan[turn]}</") + \
+        tokenizer.encode("answer>")
+  engine = ScriptedEngine({seed: ids + tail for seed, ids in kept.items()})
+  loop = AgentLoop(engine, tokenizer, max_new_tokens_per_turn=64, max_total_tokens=4096,
+                   sampling=SAMPLING, reply_prefix="<answer>", stop_strings=["</answer>"])
+  trajectory = loop.run([task], 1, seed=RUN_SEED)[0].trajectories[0]
+  assert trajectory.success and len(trajectory.turns) == len(plan)
+  assert [t.action_text for t in trajectory.turns] == [f"<answer>{a}</answer>" for a in plan]
+  # By hand: prompt, then per turn the forced prefix, the reply up to "</answer>", the eot the
+  # loop adds (the reply lost its own), the observation.
+  prefix = tokenizer.encode("<answer>")
+  ids = chatml_prompt(tokenizer, make_env(task).system_prompt, first_observation(task)) + prefix
+  mask = [0] * len(ids)
+  logprobs = [0.0] * len(ids)
+  for turn, action_turn in enumerate(trajectory.turns):
+    reply = kept[sampling_seed(RUN_SEED, task, 0, turn)]
+    ids += reply
+    mask += [1] * len(reply)
+    logprobs += [-(k + 1) / 100 for k in range(len(reply))]
+    if turn < len(plan) - 1:
+      segment = [IM_END] + chatml_observation(tokenizer, action_turn.observation) + prefix
+      ids += segment
+      mask += [0] * len(segment)
+      logprobs += [0.0] * len(segment)
+  assert trajectory.token_ids == ids and trajectory.loss_mask == mask
+  np.testing.assert_allclose(trajectory.behaviour_logprobs, logprobs)
+  # Every request ended with the prefix; teacher and student rows built from prompt_ids too.
+  assert all(list(r.prompt_ids[-len(prefix):]) == prefix for r in engine.requests)
+  assert trajectory.token_ids[:trajectory.prompt_len] == loop.prompt_ids(task)
+  with pytest.raises(ValueError, match="stop_strings"):
+    AgentLoop(engine, tokenizer, max_new_tokens_per_turn=8, max_total_tokens=512,
+              sampling=SAMPLING, stop_strings="</answer>")
+
+
 def test_turn_budget_truncates_as_failure(tokenizer):
   task = Task("countdown", 3)
   engine = ScriptedEngine(scripted_replies(tokenizer, [task], 2))

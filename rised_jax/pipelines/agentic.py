@@ -35,7 +35,9 @@ def agent_loop(config, engine, tokenizer, temperature: float) -> AgentLoop:
                    max_total_tokens=config.rollout.max_total_tokens,
                    sampling=SamplingParams(max_new_tokens=config.rollout.max_new_tokens_per_turn,
                                            temperature=temperature, top_p=config.rollout.top_p,
-                                           top_k=config.rollout.top_k))
+                                           top_k=config.rollout.top_k),
+                   reply_prefix=config.rollout.reply_prefix,
+                   stop_strings=list(config.rollout.stop_strings))
 
 
 class AgenticPipeline:

@@ -13,6 +13,10 @@ transcript is kept token-exact and is never re-tokenised:
                  another stop token such as EOS): the end-of-turn ids, loss_mask 0, so the
                  next turn sees a well-formed chat;
   observation    `ChatFormat.observation_ids(observation)`, loss_mask 0.
+With a reply prefix (`ChatFormat`), the prompt and every observation segment end with its ids,
+and the environment steps on prefix + decoded reply. With stop strings, a reply is cut after
+the first token at which its decoded text contains one; the ids after it are dropped as if
+the engine had stopped there (the kept ids and their log-probs are exactly what was sampled).
 The final observation (after the episode ends) is recorded in `turns` but not appended: no
 agent token follows it.
 
@@ -95,10 +99,14 @@ class AgentLoop:
     sampling: temperature / top-p / top-k / stop ids. Its max_new_tokens is replaced per turn;
       empty stop_token_ids mean the tokenizer's; the template's end-of-turn token is always
       added, so a reply ends where the chat format ends a turn.
+    reply_prefix: text forced at the start of every reply (e.g. "<answer>" for a model too
+      small to follow the answer format on its own); "" for none.
+    stop_strings: texts that end a reply (e.g. "</answer>"), kept in it.
   """
 
   def __init__(self, engine: Engine, tokenizer: Tokenizer, *, max_turns: int | None = None,
-               max_new_tokens_per_turn: int, max_total_tokens: int, sampling: SamplingParams):
+               max_new_tokens_per_turn: int, max_total_tokens: int, sampling: SamplingParams,
+               reply_prefix: str = "", stop_strings: Sequence[str] = ()):
     self.engine = engine
     self.tokenizer = tokenizer
     self.max_turns = None if max_turns is None else _positive_int("max_turns", max_turns)
@@ -108,7 +116,11 @@ class AgentLoop:
     if not isinstance(sampling, SamplingParams):
       raise ValueError(f"AgentLoop: sampling must be a SamplingParams, got {sampling!r}")
     self._check_engine_limits(engine)
-    self.chat = ChatFormat(tokenizer)
+    self.chat = ChatFormat(tokenizer, reply_prefix)
+    if isinstance(stop_strings, str) or not all(isinstance(x, str) and x for x in stop_strings):
+      raise ValueError(f"AgentLoop: stop_strings must be a list of non-empty strings, "
+                       f"got {stop_strings!r}")
+    self.stop_strings = tuple(stop_strings)
     stops = tuple(sampling.stop_token_ids) or tokenizer.stop_token_ids
     if len(self.chat.end_of_turn_ids) == 1 and self.chat.end_of_turn_ids[0] not in stops:
       stops += self.chat.end_of_turn_ids
@@ -190,16 +202,32 @@ class AgentLoop:
                              seed=sampling_seed(seed, episode.task, episode.rollout,
                                                 len(episode.turns)))
 
+  def _stop_length(self, output: Sequence[int]) -> int:
+    """How many of the reply's ids to keep: up to the first at which the decoded text
+    contains a stop string, else all."""
+    if not self.stop_strings:
+      return len(output)
+    text = self.tokenizer.decode(output, skip_special_tokens=True)
+    if not any(s in text for s in self.stop_strings):
+      return len(output)
+    for n in range(1, len(output) + 1):
+      text = self.tokenizer.decode(output[:n], skip_special_tokens=True)
+      if any(s in text for s in self.stop_strings):
+        return n
+    return len(output)
+
   def _advance(self, episode: _Episode, result: GenerationResult) -> None:
     """Appends the reply, steps the environment and appends its observation (or ends)."""
     output = [int(t) for t in result.output_ids]
     if not output or len(result.logprobs) != len(output):
       raise RuntimeError(f"engine result for task {episode.task.key} breaks the Engine "
                          f"contract: {len(output)} output ids, {len(result.logprobs)} log-probs")
+    keep = self._stop_length(output)
+    output = output[:keep]
     episode.token_ids += output
     episode.loss_mask += [1] * len(output)
-    episode.logprobs += [float(x) for x in result.logprobs]
-    action_text = self.tokenizer.decode(output, skip_special_tokens=True)
+    episode.logprobs += [float(x) for x in result.logprobs[:keep]]
+    action_text = self.chat.reply_prefix + self.tokenizer.decode(output, skip_special_tokens=True)
     observation, reward, done, info = episode.env.step(action_text)
     episode.turns.append(Turn(action_text=action_text, observation=observation,
                               reward=float(reward), done=bool(done),

@@ -9,6 +9,10 @@ A transcript is built from pieces that are each encoded once and then only conca
                 message and the start of the next assistant content, e.g. for ChatML
                 "\\n<|im_start|>user\\nOBS<|im_end|>\\n<|im_start|>assistant\\n".
 
+A reply prefix (e.g. "<answer>"), when set, is forced text at the start of every assistant
+turn: its ids end the prompt and every observation segment, so the model continues from it.
+It is context, not a sampled action (loss_mask 0); the environment reads prefix + reply.
+
 The observation segment and the end-of-turn marker are found generically: the template
 renders [user, assistant(SENTINEL), user(observation)] with the generation prompt; the text
 after SENTINEL starts with the end-of-turn marker (the text of one of the tokenizer's stop
@@ -33,13 +37,18 @@ def join_system_text(system_prompt: str, extra: str = "") -> str:
 class ChatFormat:
   """Prompt, end-of-turn and observation-segment encoding for one tokenizer's template.
 
-  Raises ValueError when the template cannot be split this way (it does not render
+  `reply_prefix` is encoded once on its own (no special tokens) and appended to the prompt
+  and to every observation segment. Raises ValueError when the template cannot be split this way (it does not render
   alternating user/assistant messages, or does not close an assistant message with one of
   the tokenizer's stop tokens).
   """
 
-  def __init__(self, tokenizer: Tokenizer):
+  def __init__(self, tokenizer: Tokenizer, reply_prefix: str = ""):
+    if not isinstance(reply_prefix, str):
+      raise ValueError(f"chat format: reply_prefix must be a string, got {reply_prefix!r}")
     self.tokenizer = tokenizer
+    self.reply_prefix = reply_prefix
+    self.reply_prefix_ids = tuple(tokenizer.encode(reply_prefix)) if reply_prefix else ()
     after = self._after_assistant_content("")
     markers = sorted({tokenizer.decode([t]) for t in tokenizer.stop_token_ids}, key=len,
                      reverse=True)
@@ -69,11 +78,13 @@ class ChatFormat:
     return text.split(_SENTINEL, 1)[1]
 
   def prompt_ids(self, system_text: str, first_observation: str) -> list[int]:
-    """The episode's prompt: [system, user(first observation)] plus the generation prompt."""
+    """The episode's prompt: [system, user(first observation)], the generation prompt and the
+    reply prefix."""
     messages = [{"role": "user", "content": first_observation}]
     if system_text:
       messages.insert(0, {"role": "system", "content": system_text})
-    return self.tokenizer.encode_chat(messages, add_generation_prompt=True)
+    return (self.tokenizer.encode_chat(messages, add_generation_prompt=True)
+            + list(self.reply_prefix_ids))
 
   def observation_text(self, observation: str) -> str:
     """The template text between an agent's end-of-turn marker and its next reply."""
@@ -85,5 +96,6 @@ class ChatFormat:
     return after[len(self.end_of_turn_text):]
 
   def observation_ids(self, observation: str) -> list[int]:
-    """`observation_text` encoded (once; it is never re-tokenised with its neighbours)."""
-    return self.tokenizer.encode(self.observation_text(observation))
+    """`observation_text` encoded (once; it is never re-tokenised with its neighbours), then
+    the reply prefix."""
+    return self.tokenizer.encode(self.observation_text(observation)) + list(self.reply_prefix_ids)
