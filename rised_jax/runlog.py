@@ -7,8 +7,9 @@ keeps everything it logged):
                     run time), <tag>: value, …}
   rollouts.jsonl    one line per rollout: {"step", "env", "seed", "group", "rollout", "reward",
                     "success", "truncated", "num_turns", "agent_tokens", "tags", "untagged",
-                    "selected", "teacher", "hint"}; "tags" is the list of tag ids the judge set,
-                    or null when the rollout was not judged
+                    "selected", "teacher", "hint", "actions"}; "tags" is the list of tag ids the
+                    judge set, or null when the rollout was not judged; "actions" the text of
+                    each turn's action as the environment read it
   eval.jsonl        one line per environment per evaluation: {"step", "time", "env",
                     "pass_rate", "ci_low", "ci_high", "episodes"}
   vocabulary.json   the rubric vocabulary the rollouts were tagged with (a vocabulary file:
@@ -369,7 +370,8 @@ class RunLog:
             "success": bool(traj.success), "truncated": bool(traj.truncated),
             "num_turns": len(traj.turns), "agent_tokens": traj.num_agent_tokens,
             "tags": tags, "untagged": bool(traj.untagged), "selected": bool(group.selected),
-            "teacher": group.teacher_prefix is not None, "hint": traj.hint != ""})
+            "teacher": group.teacher_prefix is not None, "hint": traj.hint != "",
+            "actions": [turn.action_text for turn in traj.turns]})
     if vocab is not None and self.enabled:
       self._record_vocabulary(vocab)
     self._next_group[step] = first + len(groups)

@@ -126,17 +126,17 @@ def test_rollouts_write_one_exact_line_per_rollout(tmp_path):
             "hint": False}
   assert lines(tmp_path, runlog.ROLLOUTS_FILE) == [
       {**common, "step": 4, "env": "maze", "seed": 3, "group": 0, "rollout": 0, "reward": 1.0,
-       "success": True, "num_turns": 2, "agent_tokens": 5, "tags": ["valid_syntax"],
+       "success": True, "num_turns": 2, "actions": ["a0", "a1"], "agent_tokens": 5, "tags": ["valid_syntax"],
        "selected": True, "teacher": True, "hint": True},
       {**common, "step": 4, "env": "maze", "seed": 3, "group": 0, "rollout": 1, "reward": 0.25,
-       "success": False, "truncated": True, "num_turns": 4, "agent_tokens": 9, "tags": [],
+       "success": False, "truncated": True, "num_turns": 4, "actions": ["a0", "a1", "a2", "a3"], "agent_tokens": 9, "tags": [],
        "untagged": True, "selected": True, "teacher": True},
       {**common, "step": 4, "env": "wordle", "seed": 11, "group": 1, "rollout": 0, "reward": 0.0,
-       "success": False, "num_turns": 1, "agent_tokens": 3, "tags": ["gave_up", "loops"]},
+       "success": False, "num_turns": 1, "actions": ["a0"], "agent_tokens": 3, "tags": ["gave_up", "loops"]},
       {**common, "step": 4, "env": "wordle", "seed": 12, "group": 2, "rollout": 0, "reward": 1.0,
-       "success": True, "num_turns": 3, "agent_tokens": 7, "tags": None, "selected": True},
+       "success": True, "num_turns": 3, "actions": ["a0", "a1", "a2"], "agent_tokens": 7, "tags": None, "selected": True},
       {**common, "step": 5, "env": "wordle", "seed": 11, "group": 0, "rollout": 0, "reward": 0.0,
-       "success": False, "num_turns": 1, "agent_tokens": 3, "tags": ["gave_up", "loops"]},
+       "success": False, "num_turns": 1, "actions": ["a0"], "agent_tokens": 3, "tags": ["gave_up", "loops"]},
   ]
   logged = Vocabulary.load(tmp_path / runlog.VOCABULARY_FILE)
   assert logged.ids == VOCAB.ids and list(logged.positive_mask) == [True, False, False]
