@@ -17,20 +17,27 @@ def get_config(arg: str | None = None):
   c.model.source = "smollm2-135m-instruct"
   c.model.remat = True   # without it the backward pass keeps every layer's attention scores
   c.envs.names = ["frozenlake", "maze", "countdown", "sokoban"]
-  # Easy settings and short episodes: every turn re-reads the transcript, which is what the
-  # 15-minute CPU budget pays for.
-  c.envs.difficulty.frozenlake = dict(size=3, holes=1, min_distance=2, max_turns=3)
+  # Easy settings (one-move FrozenLake and Sokoban) so that this model wins some rollouts and
+  # groups have reward variance to learn from; short episodes because every turn re-reads the
+  # transcript, which is what the 15-minute CPU budget pays for.
+  c.envs.difficulty.frozenlake = dict(size=3, holes=1, min_distance=1, max_turns=3)
   c.envs.difficulty.maze = dict(width=2, height=2, min_distance=1, max_turns=3)
   c.envs.difficulty.countdown = dict(numbers=3, min_steps=1, max_turns=2)
-  c.envs.difficulty.sokoban = dict(width=5, height=5, walls=0, min_moves=1, max_moves=2,
+  c.envs.difficulty.sokoban = dict(width=5, height=5, walls=0, min_moves=1, max_moves=1,
                                    max_turns=3)
   c.rollout.group_size = 4
-  c.rollout.max_new_tokens_per_turn = 24
+  # SmolLM2-135M does not write <answer>…</answer> on its own (none of 44 sampled replies was
+  # a valid action); continuing a forced "<answer>" it named a valid action in 82 of 256 turns
+  # of a 6-step run (FrozenLake 54 %, Sokoban 39 %, maze 19 %, Countdown 9 %). The stop string
+  # ends the reply at the closing tag.
+  c.rollout.reply_prefix = "<answer>"
+  c.rollout.stop_strings = ["</answer>"]
+  c.rollout.max_new_tokens_per_turn = 16
   c.rollout.max_total_tokens = 640
   c.rollout.max_batch = 32
   c.rollout.batch_buckets = [16, 32]
   c.rollout.prompt_buckets = [384, 640]
-  c.rollout.new_token_buckets = [24]
+  c.rollout.new_token_buckets = [16]
   c.select.pool_groups = 4
   c.select.batch_groups = 2
   c.step.beta = 0.05
@@ -38,7 +45,7 @@ def get_config(arg: str | None = None):
   # XLA:CPU keeps every layer's activations for the backward pass even under remat (12.3 GiB
   # of scratch for 8 rows of 832 columns), so rows go through the step two at a time (3.8 GiB).
   c.step.micro_batches = 4
-  c.optim.learning_rate = 2e-6
-  c.train.steps = 3
-  c.eval.episodes_per_env = 6
+  c.optim.learning_rate = 1e-5
+  c.train.steps = 6
+  c.eval.episodes_per_env = 8
   return config_lib.apply_preset(c)
