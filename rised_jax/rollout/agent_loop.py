@@ -205,16 +205,13 @@ class AgentLoop:
   def _stop_length(self, output: Sequence[int]) -> int:
     """How many of the reply's ids to keep: up to the first at which the decoded text
     contains a stop string, else all."""
-    if not self.stop_strings:
-      return len(output)
-    text = self.tokenizer.decode(output, skip_special_tokens=True)
-    if not any(s in text for s in self.stop_strings):
-      return len(output)
-    for n in range(1, len(output) + 1):
+    def stops_within(n: int) -> bool:
       text = self.tokenizer.decode(output[:n], skip_special_tokens=True)
-      if any(s in text for s in self.stop_strings):
-        return n
-    return len(output)
+      return any(s in text for s in self.stop_strings)
+
+    if not self.stop_strings or not stops_within(len(output)):   # one decode in the usual case
+      return len(output)
+    return next(n for n in range(1, len(output) + 1) if stops_within(n))
 
   def _advance(self, episode: _Episode, result: GenerationResult) -> None:
     """Appends the reply, steps the environment and appends its observation (or ends)."""

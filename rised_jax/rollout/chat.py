@@ -38,9 +38,9 @@ class ChatFormat:
   """Prompt, end-of-turn and observation-segment encoding for one tokenizer's template.
 
   `reply_prefix` is encoded once on its own (no special tokens) and appended to the prompt
-  and to every observation segment. Raises ValueError when the template cannot be split this way (it does not render
-  alternating user/assistant messages, or does not close an assistant message with one of
-  the tokenizer's stop tokens).
+  and to every observation segment. Raises ValueError when the template cannot be split this
+  way (it does not render alternating user/assistant messages, or does not close an assistant
+  message with one of the tokenizer's stop tokens).
   """
 
   def __init__(self, tokenizer: Tokenizer, reply_prefix: str = ""):
@@ -98,4 +98,5 @@ class ChatFormat:
   def observation_ids(self, observation: str) -> list[int]:
     """`observation_text` encoded (once; it is never re-tokenised with its neighbours), then
     the reply prefix."""
-    return self.tokenizer.encode(self.observation_text(observation)) + list(self.reply_prefix_ids)
+    return (self.tokenizer.encode(self.observation_text(observation))
+            + list(self.reply_prefix_ids))
