@@ -68,6 +68,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.stop_strings = []
   # JaxEngine shape buckets: each (batch, prompt, new-token) bucket compiles once.
   c.rollout.batch_buckets = []           # [] = powers of two up to max_batch
+  # JaxEngine keeps each call's KV caches (memory: one more set of caches between calls) so the
+  # next turn prefills only what the environment added.
+  c.rollout.reuse_prefix = False
   c.rollout.prompt_buckets = [256, 512, 1024, 2048, 4096]
   c.rollout.new_token_buckets = [32, 128, 512]
 

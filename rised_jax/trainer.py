@@ -68,7 +68,8 @@ def _engine(config: ml_collections.ConfigDict, model, tokenizer):
     return JaxEngine(model, max_batch=config.rollout.max_batch, pad_id=tokenizer.pad_token_id,
                      batch_buckets=tuple(config.rollout.batch_buckets) or None,
                      prompt_buckets=tuple(config.rollout.prompt_buckets),
-                     max_new_tokens_buckets=tuple(config.rollout.new_token_buckets))
+                     max_new_tokens_buckets=tuple(config.rollout.new_token_buckets),
+                     reuse_prefix=config.rollout.reuse_prefix)
   from rised_jax.rollout.sglang_engine import SGLangEngine  # noqa: PLC0415
   return SGLangEngine(config.rollout.sglang_url, tokenizer=tokenizer,
                       weight_dir=os.path.join(config.workdir, "weights"))

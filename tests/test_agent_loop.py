@@ -447,6 +447,30 @@ def test_jax_engine_multi_environment_run(tokenizer):
   assert set(engine.compile_counts.values()) == {1} and len(engine.compile_counts) == 2
 
 
+def test_prefix_reuse_gives_the_same_rollouts(tokenizer):
+  # With JaxEngine's prefix reuse each turn prefills only what the environment added; the
+  # rollouts are those of full prefills, and a second run (the kept caches reset at its
+  # start) repeats the first exactly.
+  cfg = ModelConfig.from_hf(mu.tiny_config("llama_gqa_tied", vocab_size=tokenizer.vocab_size,
+                                           max_position_embeddings=1024))
+  model = mu.random_decoder(cfg, seed=3)
+  runs = []
+  for reuse in (False, True, True):
+    engine = JaxEngine(model, max_batch=8, prompt_buckets=(512,), max_new_tokens_buckets=(8,),
+                       reuse_prefix=reuse)
+    loop = AgentLoop(engine, tokenizer, max_turns=3, max_new_tokens_per_turn=8,
+                     max_total_tokens=512, sampling=SamplingParams(max_new_tokens=8, top_k=50))
+    groups = loop.run([Task("maze", 1), Task("countdown", 2)], group_size=2, seed=5)
+    assert (engine.last_reused_tokens > 0) == reuse
+    runs.append([t for g in groups for t in g.trajectories])
+  plain, reused, again = runs
+  assert [t.token_ids for t in reused] == [t.token_ids for t in plain]
+  for a, b in zip(reused, plain):
+    np.testing.assert_allclose(a.behaviour_logprobs, b.behaviour_logprobs, atol=1e-5)
+  assert [(t.token_ids, t.behaviour_logprobs) for t in again] == \
+      [(t.token_ids, t.behaviour_logprobs) for t in reused]
+
+
 def test_packaged_smollm2_end_to_end(smollm2):
   model, tokenizer = smollm2
   engine = JaxEngine(model, max_batch=4, prompt_buckets=(512,), max_new_tokens_buckets=(32,))

@@ -324,3 +324,63 @@ def test_a_training_model_with_remat_samples_like_one_without(model, greedy_refs
                      max_new_tokens_buckets=(NEW,))
   results = engine.generate(requests(SHORT_ROWS, GREEDY))
   assert [r.output_ids for r in results] == greedy_refs[:len(SHORT_ROWS)]
+
+
+# ------------------------------------------------------------------ prefix reuse
+
+
+def next_turn_prompts(prompts, results, rng, keep_cut=2, added=3):
+  """Each transcript so far + its reply without the last `keep_cut` ids (a reply cut by a
+  stop string) + `added` new ids (an environment message)."""
+  return [list(p) + list(r.output_ids[:max(1, len(r.output_ids) - keep_cut)])
+          + [int(t) for t in rng.integers(3, mu.VOCAB, size=added)]
+          for p, r in zip(prompts, results)]
+
+
+@pytest.mark.parametrize("name", ["llama_gqa_tied", "gemma3"])
+def test_prefix_reuse_matches_fresh_prefill_over_turns(name):
+  # Three turns of growing transcripts: with reuse each turn prefills only the new ids, and
+  # tokens and log-probs are those of a fresh prefill and of a full forward.
+  model = make_model(name, seed=2)
+  kwargs = dict(max_batch=4, prompt_buckets=(16, 32, 64), max_new_tokens_buckets=(NEW,))
+  plain, reuse = JaxEngine(model, **kwargs), JaxEngine(model, reuse_prefix=True, **kwargs)
+  rng = np.random.default_rng(0)
+  prompts = [list(r) for r in mu.random_rows([5, 11, 3], seed=4)]
+  params = SamplingParams(max_new_tokens=6, temperature=1.0)
+  kept = None   # per row: the ids the reuse engine holds keys/values for
+  for turn in range(3):   # the last transcript still fits REF_WIDTH
+    batch = [GenerationRequest(p, params, seed=10 * turn + i) for i, p in enumerate(prompts)]
+    fresh, reused = plain.generate(batch), reuse.generate(batch)
+    assert [r.output_ids for r in reused] == [r.output_ids for r in fresh]
+    for prompt, result, other in zip(prompts, reused, fresh):
+      np.testing.assert_allclose(result.logprobs, other.logprobs, atol=1e-5)
+      np.testing.assert_allclose(result.logprobs,
+                                 teacher_forced_logprobs(model, prompt, result.output_ids),
+                                 atol=ATOL)
+    # Reused: the longest common prefix of each prompt with the kept ids of its last turn.
+    expected = 0 if kept is None else sum(
+        next(i for i, (a, b) in enumerate(zip(p + [-1], k + [-2])) if a != b)
+        for p, k in zip(prompts, kept))
+    assert reuse.last_reused_tokens == expected
+    kept = [p + r.output_ids[:-1] for p, r in zip(prompts, reused)]
+    prompts = next_turn_prompts(prompts, reused, rng)
+  assert reuse.last_reused_tokens > 0
+  windows = {bucket.window for kind, bucket in reuse.compile_counts if kind == "prefill"}
+  assert windows == {None, 16}
+
+
+def test_prefix_reuse_is_dropped_with_new_weights_and_on_reset(model):
+  reuse = JaxEngine(model, max_batch=4, prompt_buckets=(16, 32), max_new_tokens_buckets=(NEW,),
+                    reuse_prefix=True)
+  first = reuse.generate(requests(SHORT_ROWS, GREEDY))
+  follow = next_turn_prompts(SHORT_ROWS, first, np.random.default_rng(1))
+  reuse.generate(requests(follow, GREEDY))
+  assert reuse.last_reused_tokens > 0
+  reuse.reset_prefix_cache()
+  reuse.generate(requests(follow, GREEDY))
+  assert reuse.last_reused_tokens == 0
+  other = make_model("llama_gqa_tied", seed=9)
+  reuse.update_weights(other, version=1)
+  results = reuse.generate(requests(follow, GREEDY))
+  assert reuse.last_reused_tokens == 0     # keys of the old weights are never reused
+  assert [r.output_ids for r in results] == [reference_greedy(other, p, NEW) for p in follow]

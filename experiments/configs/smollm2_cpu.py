@@ -33,6 +33,7 @@ def get_config(arg: str | None = None):
   c.rollout.reply_prefix = "<answer>"
   c.rollout.stop_strings = ["</answer>"]
   c.rollout.max_new_tokens_per_turn = 16
+  c.rollout.reuse_prefix = True   # later turns prefill only the new environment message
   c.rollout.max_total_tokens = 640
   c.rollout.max_batch = 32
   c.rollout.batch_buckets = [16, 32]

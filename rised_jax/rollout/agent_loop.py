@@ -161,6 +161,11 @@ class AgentLoop:
       raise ValueError(f"AgentLoop.run: seed must be an integer, got {seed!r}")
     episodes = [episode for task in tasks
                 for episode in self._start(task, group_size, hints.get(task.env, ""))]
+    # Rollouts must not depend on what the engine generated before this run (JaxEngine's
+    # prefix reuse would otherwise share keys/values computed in other batch shapes).
+    reset = getattr(self.engine, "reset_prefix_cache", None)
+    if reset is not None:
+      reset()
     live = list(episodes)
     while live:
       results = self.engine.generate([self._request(e, seed) for e in live])

@@ -34,6 +34,18 @@ the π_old of the policy-gradient ratio. They are not the log-probs of the distr
 token was drawn from when temperature != 1 or truncation is on (the SGLang engine reports the
 temperature-scaled ones); at temperature 1 without truncation the two agree.
 
+Prefix reuse (`reuse_prefix=True`): the engine keeps the KV cache of every row of its last
+`generate` call. A later request whose prompt starts with a kept row's tokens (prompt + all
+output tokens but the last, whose keys were never computed; any shared prefix counts, e.g. a
+reply cut short by a stop string) copies those keys/values into its own cache row and prefills
+only the rest of its prompt, the "window". Multi-turn rollouts re-read the whole transcript
+each turn; with reuse a turn prefills only the new environment message. A chunk with reuse
+compiles per (batch, prompt, new-token, window) bucket; `window_buckets` are powers of two up
+to the largest prompt bucket. Keys computed in another batch shape differ from a fresh
+prefill's by float reassociation only. The kept caches are dropped by `update_weights` (they
+belong to the old weights) and by `reset_prefix_cache` (the agent loop calls it at the start of
+every run, so a run's rollouts do not depend on what the engine generated before).
+
 Weights: the engine holds the model's graph definition and its state (references to its
 arrays, not copies). `update_weights` swaps in another model's state of the same structure,
 shapes and dtypes, which reuses every compiled function; call it after each train step (a
@@ -119,17 +131,81 @@ def step_keys(keys: jax.Array, step: jax.Array | int) -> jax.Array:
   return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
 
 
+def _feed_prompt(model: Any, ids: jax.Array, mask: jax.Array, cache: Any,
+                 prompt_len: int) -> tuple[jax.Array, Any]:
+  """Feeds the last `ids.shape[1]` prompt columns (ending at slot prompt_len - 1) into the
+  cache; returns the last column's logits [B, V] and the cache."""
+  width = ids.shape[1]
+  if width > 1:
+    # All but the last column: only the cache is kept, so XLA drops these [B, W, V] logits.
+    _, cache = model.forward_with_cache(ids[:, :-1], mask[:, :-1], cache, prompt_len - width)
+  logits, cache = model.forward_with_cache(ids[:, -1:], mask[:, -1:], cache, prompt_len - 1)
+  return logits[:, 0], cache
+
+
+def _first_tokens(logits, seeds, temperature, top_k, top_p, stop_ids, max_new, active,
+                  new_tokens: int):
+  """Draws token 0 of every row from the prompt's last logits [B, V]; returns the decode
+  loop's starting state (keys, ids, log-probs, lengths, done)."""
+  batch = logits.shape[0]
+  keys = row_keys(seeds)
+  tokens = sample_tokens(logits, step_keys(keys, 0), temperature, top_k, top_p)
+  out_ids = jnp.zeros((batch, new_tokens), jnp.int32).at[:, 0].set(tokens)
+  out_logprobs = jnp.zeros((batch, new_tokens), jnp.float32).at[:, 0].set(
+      token_logprobs(logits, tokens))
+  lengths = active.astype(jnp.int32)
+  done = ~active | is_stop(tokens, stop_ids) | (max_new <= 1)
+  return keys, out_ids, out_logprobs, lengths, done
+
+
+def _place_rows(cache: Any, source: Any, rows: jax.Array, slots: jax.Array,
+                take: jax.Array) -> Any:
+  """Copies keys/values into `cache` where `take` [B, S] is set, from row rows[b], slot
+  slots[b, s] of `source` (another call's cache, of any batch and slot count)."""
+  picked_k = source.k[:, rows[:, None], slots]        # [L, B, S, KVH, hd]
+  picked_v = source.v[:, rows[:, None], slots]
+  where = take[None, :, :, None, None]
+  positions = source.positions[rows[:, None], slots]
+  return type(cache)(k=jnp.where(where, picked_k, cache.k), v=jnp.where(where, picked_v, cache.v),
+                     positions=jnp.where(take, positions, cache.positions),
+                     valid=cache.valid | take)
+
+
 # ---------------------------------------------------------------------------------------------
 # Host side.
 
 
 @dataclasses.dataclass(frozen=True)
 class Bucket:
-  """One compiled shape: padded batch, prompt length and new-token capacity."""
+  """One compiled shape: padded batch, prompt length and new-token capacity, and for a chunk
+  that reuses cached prefixes the width of the prefilled window (None: the whole prompt)."""
 
   batch: int
   prompt_len: int
   new_tokens: int
+  window: int | None = None
+
+
+@dataclasses.dataclass
+class _Kept:
+  """One row of a previous call's cache: `tokens` have their keys/values in `slots` of row
+  `row` of cache number `cache`."""
+
+  tokens: np.ndarray   # [n] int32
+  slots: np.ndarray    # [n] int32
+  cache: int
+  row: int
+
+
+@dataclasses.dataclass
+class _Reuse:
+  """Where a chunk's cached prefixes come from: per source cache, the rows' gather indices."""
+
+  sources: list[int]          # indices into the kept caches
+  rows: list[np.ndarray]      # per source: [B] int32 source row of each destination row
+  slots: list[np.ndarray]     # per source: [B, S] int32 source slot of each destination slot
+  take: list[np.ndarray]      # per source: [B, S] bool, the destination slot comes from it
+  tokens: int                 # prompt tokens not prefilled thanks to the cache
 
 
 @dataclasses.dataclass
@@ -147,6 +223,9 @@ class _Chunk:
   stop_ids: np.ndarray      # [B, S] int32, padded with -1
   max_new: np.ndarray       # [B] int32
   active: np.ndarray        # [B] bool
+  prompts: list[list[int]]  # the real rows' prompts
+  cached: np.ndarray        # [B] int32, leading prompt tokens that come from a kept cache
+  reuse: _Reuse | None = None   # None: prompt_ids are whole prompts, no cache reuse
 
 
 def _check_buckets(name: str, buckets: Sequence[int]) -> tuple[int, ...]:
@@ -176,13 +255,16 @@ class JaxEngine:
     dtype: KV-cache dtype (default: the model's compute dtype).
     max_stop_tokens: size of the per-row stop-id table (a request may list at most this many).
     pad_id: token id written into padding columns (masked out, never attended).
+    reuse_prefix: keep the last call's KV cache and prefill only what a prompt adds to it
+      (see the module docstring).
   """
 
   def __init__(self, model: Any, *, max_batch: int = 16,
                batch_buckets: Sequence[int] | None = None,
                prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
                max_new_tokens_buckets: Sequence[int] = DEFAULT_NEW_TOKEN_BUCKETS,
-               dtype: Any = None, max_stop_tokens: int = 8, pad_id: int = 0):
+               dtype: Any = None, max_stop_tokens: int = 8, pad_id: int = 0,
+               reuse_prefix: bool = False):
     for name in ("init_cache", "forward_with_cache", "cfg"):
       if not hasattr(model, name):
         raise TypeError(f"JaxEngine: model must be a rised_jax.model.Decoder (it has no "
@@ -212,8 +294,17 @@ class JaxEngine:
     self._graphdef, self._state = nnx.split(model)
     self._traces: collections.Counter[tuple[str, Bucket]] = collections.Counter()
     self._prefill = jax.jit(self._prefill_fn, static_argnames="new_tokens")
+    self._prefill_window = jax.jit(self._prefill_window_fn, static_argnames="new_tokens")
+    self._place = jax.jit(_place_rows)
     self._decode = jax.jit(self._decode_fn)
     self.last_decode_steps: list[int] = []   # per chunk of the last call: tokens per row drawn
+    self.reuse_prefix = bool(reuse_prefix)
+    top = self.prompt_buckets[-1]
+    self.window_buckets = tuple(sorted({*self.prompt_buckets,
+                                        *(2**i for i in range(4, top.bit_length()) if 2**i < top)}))
+    self._kept_caches: list[Any] = []
+    self._kept_rows: list[_Kept] = []
+    self.last_reused_tokens = 0   # prompt tokens of the last call served from kept caches
 
   # ---- public API -------------------------------------------------------------------------
 
@@ -241,21 +332,68 @@ class JaxEngine:
                        f"build a new JaxEngine for it")
     self._state = state
     self.version = int(version)
+    self.reset_prefix_cache()   # the kept keys/values belong to the old weights
+
+  def reset_prefix_cache(self) -> None:
+    """Forgets the kept caches: the next call prefills every prompt whole."""
+    self._kept_caches, self._kept_rows = [], []
 
   def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
     """One result per request, in order (see the module docstring for the semantics)."""
     requests = list(requests)
     for index, request in enumerate(requests):
       self._validate(request, index)
-    order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
+    cached = [self._cached_length(list(r.prompt_ids)) for r in requests]
+    # Similar uncached lengths share a chunk, so a chunk's window is no wider than it must be.
+    order = sorted(range(len(requests)),
+                   key=lambda i: (len(requests[i].prompt_ids) - cached[i][0],
+                                  len(requests[i].prompt_ids)))
     results: list[GenerationResult | None] = [None] * len(requests)
     self.last_decode_steps = []
+    self.last_reused_tokens = 0
+    kept_caches = self._kept_caches
+    self._kept_caches, self._kept_rows = [], []
     for start in range(0, len(order), self.max_batch):
       indices = order[start:start + self.max_batch]
-      chunk = self._pack([requests[i] for i in indices])
-      for i, result in zip(indices, self._run(chunk)):
+      chunk = self._pack([requests[i] for i in indices], [cached[i] for i in indices])
+      for i, result in zip(indices, self._run(chunk, kept_caches)):
         results[i] = result
     return results
+
+  # ---- prefix reuse -----------------------------------------------------------------------
+
+  def _cached_length(self, prompt: list[int]) -> tuple[int, _Kept | None]:
+    """The longest prefix of `prompt` (all but its last token) that a kept row holds."""
+    best, best_row = 0, None
+    if not self.reuse_prefix:
+      return best, best_row
+    wanted = np.asarray(prompt[:-1], np.int32)
+    for kept in self._kept_rows:
+      n = min(len(wanted), len(kept.tokens))
+      if n <= best:
+        continue
+      same = wanted[:n] == kept.tokens[:n]
+      length = n if same.all() else int(np.argmin(same))
+      if length > best:
+        best, best_row = length, kept
+    return best, best_row
+
+  def _keep(self, chunk: _Chunk, cache: Any, out_ids: np.ndarray,
+            lengths: np.ndarray) -> None:
+    """Records where each row's prompt and output tokens (but the last) sit in `cache`."""
+    index = len(self._kept_caches)
+    self._kept_caches.append(cache)
+    prompt_len = chunk.bucket.prompt_len
+    width = chunk.prompt_ids.shape[1]
+    for b, prompt in enumerate(chunk.prompts):
+      cached, n_out = int(chunk.cached[b]), int(lengths[b]) - 1
+      uncached = len(prompt) - cached
+      slots = np.concatenate([
+          np.arange(prompt_len - width - cached, prompt_len - width),
+          np.arange(prompt_len - uncached, prompt_len),
+          np.arange(prompt_len, prompt_len + n_out)]).astype(np.int32)
+      tokens = np.asarray(list(prompt) + [int(t) for t in out_ids[b, :n_out]], np.int32)
+      self._kept_rows.append(_Kept(tokens=tokens, slots=slots, cache=index, row=b))
 
   # ---- validation and packing ---------------------------------------------------------------
 
@@ -305,15 +443,24 @@ class JaxEngine:
         not _INT32_RANGE[0] <= seed < _INT32_RANGE[1]:
       raise ValueError(f"{where}: seed must be an integer in the int32 range, got {seed!r}")
 
-  def _pack(self, requests: Sequence[GenerationRequest]) -> _Chunk:
+  def _pack(self, requests: Sequence[GenerationRequest],
+            cached: Sequence[tuple[int, _Kept | None]]) -> _Chunk:
     size = len(requests)
+    lengths = [len(r.prompt_ids) for r in requests]
+    prompt_len = _smallest_fitting(self.prompt_buckets, max(lengths))
+    window = None
+    counts = [c for c, _ in cached]
+    if any(counts):
+      window = _smallest_fitting(self.window_buckets, max(n - c for n, c in zip(lengths, counts)))
+      # The kept prefix must fit before the window: shorten it where the prompt bucket is full.
+      counts = [min(c, self.prompt_buckets[-1] - window) for c in counts]
+      prompt_len = _smallest_fitting(self.prompt_buckets, max(c + window for c in counts))
     bucket = Bucket(
-        batch=_smallest_fitting(self.batch_buckets, size),
-        prompt_len=_smallest_fitting(self.prompt_buckets,
-                                     max(len(r.prompt_ids) for r in requests)),
+        batch=_smallest_fitting(self.batch_buckets, size), prompt_len=prompt_len,
         new_tokens=_smallest_fitting(self.new_token_buckets,
-                                     max(r.params.max_new_tokens for r in requests)))
-    batch, width = bucket.batch, bucket.prompt_len
+                                     max(r.params.max_new_tokens for r in requests)),
+        window=window)
+    batch, width = bucket.batch, window or prompt_len
     chunk = _Chunk(
         bucket=bucket, size=size,
         prompt_ids=np.full((batch, width), self.pad_id, np.int32),
@@ -321,13 +468,19 @@ class JaxEngine:
         seeds=np.zeros(batch, np.uint32), temperature=np.zeros(batch, np.float32),
         top_k=np.zeros(batch, np.int32), top_p=np.ones(batch, np.float32),
         stop_ids=np.full((batch, self.max_stop_tokens), _NO_STOP, np.int32),
-        max_new=np.ones(batch, np.int32), active=np.zeros(batch, bool))
+        max_new=np.ones(batch, np.int32), active=np.zeros(batch, bool),
+        prompts=[list(r.prompt_ids) for r in requests], cached=np.zeros(batch, np.int32))
     # Inactive padding rows hold one real token so that no row is entirely masked.
     chunk.prompt_mask[size:, -1] = 1
+    if window:
+      chunk.reuse = self._gather_plan(bucket,
+                                      [(c, kept) for c, (_, kept) in zip(counts, cached)])
+      chunk.cached[:size] = counts
     for b, request in enumerate(requests):
       prompt, params = list(request.prompt_ids), request.params
-      chunk.prompt_ids[b, width - len(prompt):] = prompt
-      chunk.prompt_mask[b, width - len(prompt):] = 1
+      fed = prompt[int(chunk.cached[b]):]
+      chunk.prompt_ids[b, width - len(fed):] = fed
+      chunk.prompt_mask[b, width - len(fed):] = 1
       chunk.seeds[b] = int(request.seed) % 2**32
       chunk.temperature[b] = params.temperature
       chunk.top_k[b] = params.top_k
@@ -338,16 +491,57 @@ class JaxEngine:
       chunk.active[b] = True
     return chunk
 
-  def _run(self, chunk: _Chunk) -> list[GenerationResult]:
+  def _gather_plan(self, bucket: Bucket,
+                   cached: Sequence[tuple[int, _Kept | None]]) -> _Reuse:
+    """Index arrays that copy each row's kept prefix to the slots just before its window."""
+    slots = bucket.prompt_len + bucket.new_tokens
+    start = bucket.prompt_len - bucket.window
+    plan = _Reuse(sources=[], rows=[], slots=[], take=[], tokens=0)
+    for b, (count, kept) in enumerate(cached):
+      if not count:
+        continue
+      if kept.cache not in plan.sources:
+        plan.sources.append(kept.cache)
+        plan.rows.append(np.zeros(bucket.batch, np.int32))
+        plan.slots.append(np.zeros((bucket.batch, slots), np.int32))
+        plan.take.append(np.zeros((bucket.batch, slots), bool))
+      i = plan.sources.index(kept.cache)
+      plan.rows[i][b] = kept.row
+      plan.slots[i][b, start - count:start] = kept.slots[:count]
+      plan.take[i][b, start - count:start] = True
+      plan.tokens += count
+    return plan
+
+  def _initial_cache(self, chunk: _Chunk, kept_caches: Sequence[Any]) -> Any:
+    """A fresh cache with the kept prefixes of `chunk.reuse` in place."""
+    bucket = chunk.bucket
+    model = nnx.merge(self._graphdef, self._state)
+    cache = model.init_cache(bucket.batch, bucket.prompt_len + bucket.new_tokens,
+                             self.cache_dtype)
+    plan = chunk.reuse
+    for source, rows, slots, take in zip(plan.sources, plan.rows, plan.slots, plan.take):
+      cache = self._place(cache, kept_caches[source], rows, slots, take)
+    self.last_reused_tokens += plan.tokens
+    return cache
+
+  def _run(self, chunk: _Chunk, kept_caches: Sequence[Any] = ()) -> list[GenerationResult]:
     sampling = (chunk.temperature, chunk.top_k, chunk.top_p, chunk.stop_ids, chunk.max_new)
-    cache, keys, out_ids, out_logprobs, lengths, done = self._prefill(
-        self._state, chunk.prompt_ids, chunk.prompt_mask, chunk.seeds, *sampling,
-        chunk.active, new_tokens=chunk.bucket.new_tokens)
-    out_ids, out_logprobs, lengths, steps = self._decode(
+    if chunk.reuse is None:
+      cache, keys, out_ids, out_logprobs, lengths, done = self._prefill(
+          self._state, chunk.prompt_ids, chunk.prompt_mask, chunk.seeds, *sampling,
+          chunk.active, new_tokens=chunk.bucket.new_tokens)
+    else:
+      cache, keys, out_ids, out_logprobs, lengths, done = self._prefill_window(
+          self._state, self._initial_cache(chunk, kept_caches), chunk.prompt_ids,
+          chunk.prompt_mask, chunk.seeds, *sampling, chunk.active,
+          new_tokens=chunk.bucket.new_tokens)
+    out_ids, out_logprobs, lengths, steps, cache = self._decode(
         self._state, cache, keys, out_ids, out_logprobs, lengths, done, *sampling)
     out_ids, out_logprobs, lengths, steps = jax.device_get(
         (out_ids, out_logprobs, lengths, steps))
     self.last_decode_steps.append(int(steps))
+    if self.reuse_prefix:
+      self._keep(chunk, cache, out_ids, lengths)
     results = []
     for b in range(chunk.size):
       n = int(lengths[b])
@@ -367,25 +561,26 @@ class JaxEngine:
     self._traces[("prefill", Bucket(batch, prompt_len, new_tokens))] += 1
     model = nnx.merge(self._graphdef, state)
     cache = model.init_cache(batch, prompt_len + new_tokens, self.cache_dtype)
-    if prompt_len > 1:
-      # All but the last column: only the cache is kept, so XLA drops these [B, P, V] logits.
-      _, cache = model.forward_with_cache(prompt_ids[:, :-1], prompt_mask[:, :-1], cache, 0)
-    logits, cache = model.forward_with_cache(prompt_ids[:, -1:], prompt_mask[:, -1:], cache,
-                                             prompt_len - 1)
-    logits = logits[:, 0]
-    keys = row_keys(seeds)
-    tokens = sample_tokens(logits, step_keys(keys, 0), temperature, top_k, top_p)
-    out_ids = jnp.zeros((batch, new_tokens), jnp.int32).at[:, 0].set(tokens)
-    out_logprobs = jnp.zeros((batch, new_tokens), jnp.float32).at[:, 0].set(
-        token_logprobs(logits, tokens))
-    lengths = active.astype(jnp.int32)
-    done = ~active | is_stop(tokens, stop_ids) | (max_new <= 1)
-    return cache, keys, out_ids, out_logprobs, lengths, done
+    logits, cache = _feed_prompt(model, prompt_ids, prompt_mask, cache, prompt_len)
+    return (cache, *_first_tokens(logits, seeds, temperature, top_k, top_p, stop_ids, max_new,
+                                  active, new_tokens))
+
+  def _prefill_window_fn(self, state, cache, window_ids, window_mask, seeds, temperature, top_k,
+                         top_p, stop_ids, max_new, active, *, new_tokens: int):
+    """`_prefill_fn` on a cache that already holds each row's kept prefix just before the last
+    `window` prompt slots: only the window is fed."""
+    batch, window = window_ids.shape
+    prompt_len = cache.valid.shape[1] - new_tokens
+    self._traces[("prefill", Bucket(batch, prompt_len, new_tokens, window))] += 1
+    model = nnx.merge(self._graphdef, state)
+    logits, cache = _feed_prompt(model, window_ids, window_mask, cache, prompt_len)
+    return (cache, *_first_tokens(logits, seeds, temperature, top_k, top_p, stop_ids, max_new,
+                                  active, new_tokens))
 
   def _decode_fn(self, state, cache, keys, out_ids, out_logprobs, lengths, done, temperature,
                  top_k, top_p, stop_ids, max_new):
     """Draws tokens 1.. until every row is done or the bucket is full; returns
-    (ids [B, N], log-probs [B, N], lengths [B], steps run)."""
+    (ids [B, N], log-probs [B, N], lengths [B], steps run, the cache)."""
     batch, new_tokens = out_ids.shape
     prompt_len = cache.valid.shape[1] - new_tokens
     self._traces[("decode", Bucket(batch, prompt_len, new_tokens))] += 1
@@ -410,9 +605,9 @@ class JaxEngine:
       done = done | is_stop(tokens, stop_ids) | (step + 1 >= max_new)
       return step + 1, cache, out_ids, out_logprobs, lengths, done
 
-    steps, _, out_ids, out_logprobs, lengths, _ = jax.lax.while_loop(
+    steps, cache, out_ids, out_logprobs, lengths, _ = jax.lax.while_loop(
         unfinished, next_token, (jnp.int32(1), cache, out_ids, out_logprobs, lengths, done))
-    return out_ids, out_logprobs, lengths, steps
+    return out_ids, out_logprobs, lengths, steps, cache
 
 
 def _shapes_and_dtypes(state: Any) -> list[tuple[str, tuple[tuple[int, ...], str]]]:
