@@ -114,6 +114,11 @@ def visible_keys(q_slots: jax.Array, q_positions: jax.Array, k_slots: jax.Array,
   return visible
 
 
+def softcap_logits(logits: jax.Array, cap: float | None) -> jax.Array:
+  """tanh softcapping (Gemma's attention scores and final logits); identity when cap is None."""
+  return logits if cap is None else jnp.tanh(logits / cap) * cap
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scale: float,
               softcap: float | None = None) -> jax.Array:
   """Grouped-query attention without repeating keys.
@@ -126,9 +131,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scal
   q = q.reshape(batch, length, kv_heads, heads // kv_heads, head_dim)
   scores = jnp.einsum("btkgd,bskd->bkgts", q, k,
                       preferred_element_type=jnp.float32) * scale
-  if softcap is not None:
-    scores = jnp.tanh(scores / softcap) * softcap
-  scores = jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
+  scores = jnp.where(mask[:, None, None], softcap_logits(scores, softcap), _MASKED_SCORE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
   return out.reshape(batch, length, heads, head_dim)
@@ -152,16 +155,12 @@ def _merge_heads(x: jax.Array) -> jax.Array:
   return x.transpose(0, 3, 1, 2, 4).reshape(batch, length, kv_heads * groups, head_dim)
 
 
-def _capped(raw: jax.Array, softcap: float | None) -> jax.Array:
-  return raw if softcap is None else jnp.tanh(raw / softcap) * softcap
-
-
 def _block_forward(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
                    softcap: float | None) -> tuple[jax.Array, jax.Array]:
   """One query block, head-major: q [B, KVH, G, Tq, hd], k/v [B, KVH, S, hd], mask [B, Tq, S]
   -> (output [B, KVH, G, Tq, hd], log-sum-exp of the masked scores [B, KVH, G, Tq])."""
   raw = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-  scores = jnp.where(mask[:, None, None], _capped(raw, softcap), _MASKED_SCORE)
+  scores = jnp.where(mask[:, None, None], softcap_logits(raw, softcap), _MASKED_SCORE)
   top = jnp.max(scores, axis=-1, keepdims=True)
   weights = jnp.exp(scores - top)
   total = jnp.sum(weights, axis=-1, keepdims=True)
@@ -178,7 +177,7 @@ def _block_backward(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
   (the gradient of the forward's `where`), times the softcap's 1 − tanh² and the scale.
   """
   raw = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-  scores = _capped(raw, softcap)
+  scores = softcap_logits(raw, softcap)
   visible = mask[:, None, None]
   probs = jnp.exp(jnp.where(visible, scores, _MASKED_SCORE) - lse[..., None])
   dv = jnp.einsum("bkgts,bkgtd->bksd", probs.astype(dout.dtype), dout,
@@ -319,10 +318,6 @@ def flat_matmul(x: jax.Array, kernel: jax.Array, in_dims: int,
   out = jnp.dot(rows, kernel.reshape(rows.shape[1], int(np.prod(out_shape))),
                 preferred_element_type=preferred_element_type)
   return out.reshape(*lead, *out_shape)
-
-
-def softcap_logits(logits: jax.Array, cap: float | None) -> jax.Array:
-  return logits if cap is None else jnp.tanh(logits / cap) * cap
 
 
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
