@@ -2,6 +2,7 @@
 # Create the sglang-jax virtual environment used by tests/test_sglang_real.py and launch_server.sh.
 #
 # Usage: experiments/sglang/setup_sglang_jax.sh [VENV_DIR]     (default: .venv-sgljax at the repo root)
+#        experiments/sglang/setup_sglang_jax.sh --find-python  (print the Python it would use; exit 1 if none)
 #
 # sglang-jax 0.1.0rc0 is a real SGLang-API server (native /generate, /flush_cache, /health,
 # /get_model_info) that runs on CPU; it needs Python >= 3.12 (rised_jax itself runs on 3.11), so it
@@ -10,6 +11,40 @@
 set -euo pipefail
 
 SGLANG_JAX_VERSION=0.1.0rc0
+
+# Candidate interpreters: pyenv's installed 3.12+, oldest first (by path, so no shim
+# and no PYENV_VERSION is involved), then whatever python3.12/python3.13/python3 is on PATH.
+python_candidates() {
+  if command -v pyenv >/dev/null 2>&1; then
+    local root; root="$(pyenv root 2>/dev/null || true)"
+    if [ -n "$root" ]; then
+      ls -d "$root"/versions/3.1[2-9]*/bin/python3 2>/dev/null | sort -V || true
+    fi
+  fi
+  echo python3.12
+  echo python3.13
+  echo python3
+}
+
+# The interpreter path (sys.executable) of the first candidate that actually runs and reports
+# >= 3.12. A name on PATH proves nothing: pyenv's shims exist for every installed version and
+# exit 127 inside an activated venv.
+find_python() {
+  local candidate
+  while read -r candidate; do
+    if "$candidate" -c 'import sys; assert sys.version_info >= (3, 12); print(sys.executable)' \
+        2>/dev/null; then
+      return 0
+    fi
+  done < <(python_candidates)
+  return 1
+}
+
+if [ "${1:-}" = "--find-python" ]; then
+  find_python
+  exit
+fi
+
 repo_root="$(cd "$(dirname "$0")/../.." && pwd)"
 venv="${1:-$repo_root/.venv-sgljax}"
 
@@ -25,18 +60,9 @@ if [ -x "$venv/bin/python" ] && [ "$(installed_version)" = "$SGLANG_JAX_VERSION"
   exit 0
 fi
 
-# Pick a Python >= 3.12: pyenv's 3.12.1 where pyenv has it, else any python3.12/python3.13 on PATH.
-python_bin=""
-if PYENV_VERSION=3.12.1 python3 -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
-  python_bin="python3"
-  export PYENV_VERSION=3.12.1
-else
-  for candidate in python3.12 python3.13; do
-    if command -v "$candidate" >/dev/null 2>&1; then python_bin="$candidate"; break; fi
-  done
-fi
+python_bin="$(find_python || true)"
 if [ -z "$python_bin" ]; then
-  echo "error: sglang-jax needs Python >= 3.12; found neither pyenv 3.12.1 nor python3.12/python3.13 on PATH" >&2
+  echo "error: sglang-jax needs Python >= 3.12; no candidate ran (tried: $(python_candidates | tr '\n' ' '))" >&2
   exit 1
 fi
 
