@@ -29,7 +29,10 @@ weighted criterion reward; its presets switch CriPO's two self-teachers:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import difflib
+import math
+import numbers
+from typing import Any, Callable
 
 import ml_collections
 
@@ -194,6 +197,67 @@ def apply_preset(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict
   return config
 
 
+def reapply_preset(config: ml_collections.ConfigDict,
+                   overrides: dict[str, Any]) -> ml_collections.ConfigDict:
+  """The command line's `--config.algorithm=NAME`: the config file applied its own preset before
+  the overrides, so apply NAME's preset now, then the other overrides again (an explicit
+  override of a preset key wins).
+
+  A preset without selection rolled out only `batch_groups` groups, so its `pool_groups` is no
+  candidate pool for a selecting one: that switch needs `--config.select.pool_groups` (or the
+  algorithm in the config file's argument). A teacher switched on without a distillation weight
+  is `validate`'s error.
+  """
+  was_uniform = config.select.pool_groups == config.select.batch_groups
+  apply_preset(config)
+  for dotted, value in overrides.items():
+    if dotted != "algorithm":
+      _set(config, dotted, value)
+  if (was_uniform and config.select.name not in ("uniform",) and config.pipeline == "agentic"
+      and "select.pool_groups" not in overrides):
+    raise ValueError(
+        f"--config.algorithm={config.algorithm}: the config file's preset rolled out "
+        f"select.pool_groups = select.batch_groups = {config.select.batch_groups} groups, so "
+        f"selector {config.select.name!r} would have no pool to choose from; give "
+        "--config.select.pool_groups=K, or name the algorithm in the config file's argument "
+        "(--config FILE.py:ALGORITHM)")
+  return config
+
+
+def describe(config: ml_collections.ConfigDict) -> str:
+  """The stages a (validated) config composes, one line each, for `--dry_run`."""
+  def on(flag: bool, options: dict[str, Any]) -> str:
+    return ("on " + str(options) if options else "on") if flag else "off"
+
+  def fields(obj) -> str:
+    return " ".join(f"{f.name}={getattr(obj, f.name)}" for f in dataclasses.fields(obj))
+
+  rubric = config.pipeline == "rubric"
+  lines = [
+      f"algorithm  {config.algorithm}",
+      f"pipeline   {config.pipeline}: " + (
+          f"rubric tasks {config.rubric.tasks or '(built-in)'}" if rubric
+          else f"environments {', '.join(config.envs.names)}")
+      + f"; G={config.rollout.group_size} rollouts per task, engine {config.rollout.engine}",
+      f"selector   {config.select.name}: K={config.select.pool_groups} groups rolled out, "
+      f"B={config.select.batch_groups} trained on; options {config.select.options.to_dict()}",
+  ]
+  if rubric:
+    lines += [f"teacher    UC branch (criterion injection) {on(config.rubric.uc_branch, {})}",
+              f"           SC branch (counterfactual flips) {on(config.rubric.sc_branch, {})}",
+              f"judge      {config.rubric.judge.backend} {config.rubric.judge.options.to_dict()}"]
+  else:
+    lines += [f"teacher    {on(config.teacher.enabled, config.teacher.options.to_dict())}",
+              f"guidance   {on(config.guidance.enabled, config.guidance.options.to_dict())}",
+              f"judge      {config.judge.backend} {config.judge.options.to_dict()}, vocabulary "
+              f"{config.judge.vocabulary or 'agentic_v1'}"]
+  lines += [f"advantage  {config.advantage}",
+            f"step       {fields(step_config(config))}",
+            f"optimizer  {fields(optimizer_config(config))}",
+            f"mesh       {config.mesh.to_dict()} (checked against the devices at start-up)"]
+  return "\n".join(lines)
+
+
 def step_config(config: ml_collections.ConfigDict) -> train_step.StepConfig:
   return _typed(train_step.StepConfig, config.step, "config.step")
 
@@ -214,12 +278,20 @@ def _typed(cls, node: ml_collections.ConfigDict, where: str):
     raise ValueError(f"{where}: {e}") from e
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
-  """Every check that can fail before loading or compiling anything."""
+def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
+  """Every check that can fail before loading or compiling anything.
+
+  `num_devices` (known once JAX is initialised) also checks that the mesh fits the devices;
+  without it only the mesh's own shape is checked (a dry run on another machine).
+  """
   from rised_jax import envs  # noqa: PLC0415 - keeps `config` importable without the envs
 
+  _check_known_keys(config, default_config())
+  _check_values(config)
+  _check_mesh(config, num_devices)
   step_config(config)
   optimizer_config(config)
+  _check_stages(config)
   unknown = [n for n in config.envs.names if n not in envs.names()]
   if unknown or not config.envs.names:
     raise ValueError(f"config.envs.names={list(config.envs.names)}: unknown {unknown}; "
@@ -308,3 +380,158 @@ def _validate_rubric(config: ml_collections.ConfigDict) -> None:
                            supplied=("generate_text",) if rc.judge.backend == "inprocess" else ())
   except ValueError as e:
     raise ValueError(f"config.rubric.judge: {e}") from None
+
+
+# ----------------------------------------------------------------------------- value checks
+# Each error names the key, the value and what is expected.
+
+# Subtrees whose keys are free-form (checked by the stage that reads them).
+_FREE_FORM = ("envs.difficulty", "rubric.eval_groups")
+_SET_BY_TRAINER = ("workdir",)
+
+
+def _check_known_keys(config: ml_collections.ConfigDict, reference: ml_collections.ConfigDict,
+                      prefix: str = "") -> None:
+  """No key that `default_config` lacks (a typo on the command line would be ignored)."""
+  for key in config.keys():
+    dotted = prefix + key
+    if key not in reference:
+      if dotted in _SET_BY_TRAINER:
+        continue
+      close = difflib.get_close_matches(key, list(reference.keys()), n=1)
+      hint = f"; did you mean {prefix + close[0]!r}?" if close else ""
+      raise ValueError(f"config.{dotted}={config[key]!r}: unknown key{hint} (known keys of "
+                       f"config{'.' + prefix[:-1] if prefix else ''}: {sorted(reference.keys())})")
+    sub, ref = config[key], reference[key]
+    if (isinstance(sub, ml_collections.ConfigDict) and isinstance(ref, ml_collections.ConfigDict)
+        and key != "options" and dotted not in _FREE_FORM):
+      _check_known_keys(sub, ref, dotted + ".")
+
+
+def _is_number(value: Any) -> bool:
+  return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and math.isfinite(value))
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _int_at_least(low: int) -> tuple[Callable[[Any], bool], str]:
+  return (lambda v: _is_int(v) and v >= low), f"an integer >= {low}"
+
+
+def _number_at_least(low: float) -> tuple[Callable[[Any], bool], str]:
+  return (lambda v: _is_number(v) and v >= low), f"a finite number >= {low}"
+
+
+def _sizes(min_len: int) -> tuple[Callable[[Any], bool], str]:
+  return ((lambda v: isinstance(v, (list, tuple)) and len(v) >= min_len
+           and all(_is_int(x) and x >= 1 for x in v)),
+          "a list of integers >= 1" + (" (at least one)" if min_len else ""))
+
+
+# key: (predicate, what is expected)
+VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "seed": _int_at_least(0),
+    "envs.max_turns": (_int_at_least(0)[0], "an integer >= 0 (0: each environment's own)"),
+    "rollout.temperature": (_number_at_least(0)[0], "a finite number >= 0 (0: greedy)"),
+    "rollout.top_p": ((lambda v: _is_number(v) and 0 < v <= 1), "a number in (0, 1]"),
+    "rollout.top_k": (_int_at_least(0)[0], "an integer >= 0 (0: no top-k)"),
+    "rollout.max_new_tokens_per_turn": _int_at_least(1),
+    "rollout.max_total_tokens": _int_at_least(1),
+    "rollout.max_batch": _int_at_least(1),
+    "rollout.batch_buckets": _sizes(0),
+    "rollout.prompt_buckets": _sizes(1),
+    "rollout.new_token_buckets": _sizes(1),
+    "judge.max_new_tokens": _int_at_least(1),
+    "select.pool_groups": _int_at_least(1),
+    "select.batch_groups": _int_at_least(1),
+    "batching.prefix_multiple": _int_at_least(1),
+    "batching.response_multiple": _int_at_least(1),
+    "train.steps": _int_at_least(0),
+    "train.eval_every": (_int_at_least(0)[0], "an integer >= 0 (0: only before and after "
+                                              "training)"),
+    "train.checkpoint_every": _int_at_least(1),
+    "train.keep_checkpoints": _int_at_least(1),
+    "train.log_every": _int_at_least(1),
+    "eval.episodes_per_env": _int_at_least(1),
+    "eval.seed_offset": _int_at_least(0),
+    "eval.temperature": (_number_at_least(0)[0], "a finite number >= 0 (0: greedy)"),
+}
+
+
+def _get(config: ml_collections.ConfigDict, dotted: str) -> Any:
+  node = config
+  for name in dotted.split("."):
+    node = node[name]
+  return node
+
+
+def _check_values(config: ml_collections.ConfigDict) -> None:
+  for key, (ok, expected) in VALUE_RULES.items():
+    value = _get(config, key)
+    if not ok(value):
+      raise ValueError(f"config.{key}={value!r}: expected {expected}")
+  if config.algorithm not in PRESETS:
+    raise ValueError(f"config.algorithm={config.algorithm!r}: expected one of {sorted(PRESETS)}")
+
+
+def _check_mesh(config: ml_collections.ConfigDict, num_devices: int | None) -> None:
+  from rised_jax import parallel  # noqa: PLC0415
+
+  sizes = config.mesh.to_dict()
+  try:
+    shape = parallel.MeshShape(**sizes)
+  except TypeError:
+    raise ValueError(f"config.mesh={sizes}: expected the keys {parallel.MESH_AXES}") from None
+  if not all(_is_int(v) for v in sizes.values()):
+    raise ValueError(f"config.mesh={sizes}: expected integer sizes (or -1 for all the rest)")
+  # Without the devices, resolve against the product of the fixed sizes: that checks the shape
+  # itself (sizes positive or -1, at most one -1) and nothing else.
+  fixed = math.prod(v for v in sizes.values() if v > 0)
+  try:
+    shape.resolve(fixed if num_devices is None else num_devices)
+  except ValueError as e:
+    raise ValueError(f"config.mesh: {e}") from None
+
+
+def _check_stages(config: ml_collections.ConfigDict) -> None:
+  """Stage names and option keys (`registry.check`), and what no stage implements yet."""
+  from rised_jax import rubrics, select, teach  # noqa: PLC0415
+  from rised_jax.rubrics import registry  # noqa: PLC0415
+
+  step = step_config(config)
+  if step.ref_kl_coef > 0:
+    raise ValueError(f"config.step.ref_kl_coef={step.ref_kl_coef}: no stage produces reference "
+                     "log-probs yet (the step would need batch['ref_logprobs']); expected 0")
+  _named("config.select", lambda: registry.check("selector", select.SELECTORS,
+                                                 config.select.name,
+                                                 config.select.options.to_dict()))
+  if config.pipeline != "agentic":
+    return
+  inprocess = ("generate_text",) if config.judge.backend == "inprocess" else ()
+  _named("config.judge", lambda: registry.check("judge", rubrics.JUDGES, config.judge.backend,
+                                                config.judge.options.to_dict(), positional=1,
+                                                supplied=inprocess))
+  rubrics.Vocabulary.load(config.judge.vocabulary or "agentic_v1")
+  _named("config.teacher.options", lambda: registry.check(
+      "teacher", {"positive": teach.PositiveTeacher}, "positive",
+      config.teacher.options.to_dict(), positional=1))
+  _named("config.guidance.options", lambda: registry.check(
+      "guidance", {"memory": teach.GuidanceMemory}, "memory",
+      config.guidance.options.to_dict(), positional=1))
+  if config.teacher.enabled != step.distills:
+    raise ValueError(
+        f"config.teacher.enabled={config.teacher.enabled} but config.step.beta={step.beta}: the "
+        "teacher is trained on only through the distillation weight, so expected beta > 0 with "
+        "the teacher and beta = 0 without it (a config file built for a preset without the "
+        "teacher has beta 0: give --config.step.beta, or name the algorithm in the config "
+        "file's argument, --config FILE.py:ALGORITHM)")
+
+
+def _named(where: str, check: Callable[[], None]) -> None:
+  try:
+    check()
+  except ValueError as e:
+    raise ValueError(f"{where}: {e}") from None

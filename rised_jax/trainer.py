@@ -100,7 +100,7 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 def build(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Run:
   """Validates the config, then loads the model and builds every stage."""
-  config_lib.validate(config)
+  config_lib.validate(config, num_devices=jax.device_count())
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   with config.unlocked():

@@ -19,6 +19,8 @@ StepConfig flags say which keys the step expects, so a missing key is an error b
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Any, Callable, Mapping
 
 import jax
@@ -35,6 +37,27 @@ Array = jax.Array
 TEACHERS = ("live", "ema", "frozen")
 SCHEDULES = ("constant", "cosine", "linear")
 DISTILL_NORMS = ("distill-tokens", "kept-tokens")
+
+
+def check_field_types(cfg) -> None:
+  """Float fields finite, int fields integers (None where the annotation allows it).
+
+  First in `__post_init__`: NaN passes every `x <= 0` check, and a string would fail later
+  inside a comparison with a message that names no field.
+  """
+  for field in dataclasses.fields(cfg):
+    value, kind = getattr(cfg, field.name), str(field.type)
+    if value is None and "None" in kind:
+      continue
+    if isinstance(value, bool):
+      number = integer = False
+    else:
+      number = isinstance(value, numbers.Real) and math.isfinite(value)
+      integer = isinstance(value, numbers.Integral)
+    if kind.startswith("float") and not number:
+      raise ValueError(f"{field.name}={value!r}: expected a finite number")
+    if kind.startswith("int") and not integer:
+      raise ValueError(f"{field.name}={value!r}: expected an integer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +95,7 @@ class StepConfig:
   micro_batches: int = 1
 
   def __post_init__(self):
+    check_field_types(self)
     if self.aggregation not in losses.AGGREGATIONS:
       raise ValueError(f"aggregation {self.aggregation!r}: expected one of "
                        f"{sorted(losses.AGGREGATIONS)}")
@@ -140,8 +164,15 @@ class OptimizerConfig:
   max_grad_norm: float | None = 1.0
 
   def __post_init__(self):
+    check_field_types(self)
     if self.schedule not in SCHEDULES:
       raise ValueError(f"schedule {self.schedule!r}: expected one of {SCHEDULES}")
+    if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1) or self.eps <= 0:
+      raise ValueError(f"b1={self.b1}, b2={self.b2}, eps={self.eps}: expected b1, b2 in [0, 1) "
+                       "and eps > 0")
+    if self.weight_decay < 0 or self.end_learning_rate < 0:
+      raise ValueError(f"weight_decay={self.weight_decay}, end_learning_rate="
+                       f"{self.end_learning_rate}: expected both >= 0")
     if self.learning_rate <= 0 or self.warmup_steps < 0:
       raise ValueError(f"learning_rate ({self.learning_rate}) must be > 0 and warmup_steps "
                        f"({self.warmup_steps}) >= 0")
