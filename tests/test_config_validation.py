@@ -1,0 +1,102 @@
+"""Config errors come before anything loads, each naming the key, the value and what is expected;
+`--config.algorithm` re-applies its preset."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from rised_jax import config as config_lib
+from tests.test_trainer import load_config_file
+
+CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
+
+
+def _tiny(arg: str = "rised", **edits):
+  config = load_config_file(CONFIGS / "tiny_cpu.py", arg)
+  for dotted, value in edits.items():
+    config_lib._set(config, dotted, value)
+  return config
+
+
+@pytest.mark.parametrize("edits, message", [
+    # Each was accepted by `validate` before and failed later (or never).
+    ({"select.pool_groups": 0, "select.batch_groups": 0},
+     r"config\.select\.pool_groups=0: expected an integer >= 1"),
+    ({"train.checkpoint_every": 0}, r"config\.train\.checkpoint_every=0: expected an integer >= 1"),
+    ({"rollout.temperature": -1.0}, r"config\.rollout\.temperature=-1\.0: expected a finite number"),
+    ({"train.eval_every": -1}, r"config\.train\.eval_every=-1: expected an integer >= 0"),
+    ({"optim.learning_rate": math.nan}, r"config\.optim: learning_rate=nan: expected a finite"),
+    ({"optim.learning_rate": math.inf}, r"config\.optim: learning_rate=inf: expected a finite"),
+    ({"optim.b2": 1.0}, r"b2=1\.0.*expected b1, b2 in \[0, 1\)"),
+    ({"step.eps_high": math.nan}, r"config\.step: eps_high=nan: expected a finite number"),
+    ({"rollout.top_p": 0.0}, r"config\.rollout\.top_p=0\.0: expected a number in \(0, 1\]"),
+    ({"rollout.prompt_buckets": []}, r"config\.rollout\.prompt_buckets=\[\]: expected a list"),
+    ({"select.name": "best"}, r"config\.select: unknown selector 'best'; expected one of"),
+    ({"select.options": {"lambda_": 0.5}}, r"selector 'rised' has no option\(s\) \['lambda_'\]"),
+    ({"judge.backend": "gpt"}, r"config\.judge: unknown judge 'gpt'; expected one of"),
+    ({"judge.backend": "openai"}, r"config\.judge: judge 'openai' needs option\(s\) \['model'\]"),
+    ({"teacher.options": {"max_tag": 2}}, r"config\.teacher\.options: .*\['max_tag'\]"),
+    ({"mesh": {"data": 0, "fsdp": -1, "tensor": 1}}, r"config\.mesh: .*positive or -1"),
+    ({"mesh": {"data": -1, "fsdp": -1, "tensor": 1}}, r"config\.mesh: .*at most one axis"),
+    ({"mesh": {"data": 1.5, "fsdp": -1, "tensor": 1}}, r"config\.mesh=.*expected integer"),
+    ({"step.ref_kl_coef": 0.1},
+     r"config\.step\.ref_kl_coef=0\.1: no stage produces reference log-probs yet"),
+    ({"algorithm": "bogus"}, r"config\.algorithm='bogus': expected one of"),
+    ({"teacher.enabled": True, "step.beta": 0.0},
+     r"config\.teacher\.enabled=True but config\.step\.beta=0\.0"),
+])
+def test_bad_values_are_named_before_the_model_loads(edits, message):
+  with pytest.raises(ValueError, match=message):
+    config_lib.validate(_tiny(**edits))
+
+
+def test_a_misspelt_key_is_named_with_the_likely_one():
+  config = _tiny()
+  with config.unlocked():
+    config.train.stpes = 3
+  with pytest.raises(ValueError, match=r"config\.train\.stpes=3: unknown key; did you mean "
+                                       r"'train\.steps'\?"):
+    config_lib.validate(config)
+
+
+def test_open_option_dicts_take_new_keys():
+  config_lib.validate(_tiny(**{"judge.options": {"progress_min_fraction": 0.25}}))
+
+
+def test_mesh_is_checked_against_the_devices_when_known():
+  config = _tiny(mesh={"data": 2, "fsdp": -1, "tensor": 1})
+  config_lib.validate(config)             # a dry run elsewhere: the shape itself is fine
+  config_lib.validate(config, num_devices=4)
+  with pytest.raises(ValueError, match=r"config\.mesh: .*does not divide the 3 devices"):
+    config_lib.validate(config, num_devices=3)
+
+
+def test_algorithm_override_reapplies_the_preset_and_explicit_keys_win():
+  config = _tiny("rised")
+  config.algorithm = "grpo"               # what config_flags does with --config.algorithm=grpo
+  config_lib.reapply_preset(config, {"algorithm": "grpo"})
+  assert (config.select.name, config.teacher.enabled, config.guidance.enabled,
+          config.step.beta) == ("uniform", False, False, 0.0)
+  assert config.select.pool_groups == config.select.batch_groups == 2
+  config_lib.validate(config)
+
+  config = _tiny("rised")
+  config.algorithm, config.guidance.enabled = "rised_no_guidance", True
+  config_lib.reapply_preset(config, {"algorithm": "rised_no_guidance", "guidance.enabled": True})
+  assert (config.select.name, config.teacher.enabled, config.guidance.enabled) == (
+      "rised", True, True)
+
+
+def test_switching_to_a_selecting_preset_asks_for_the_pool_it_lost():
+  config = _tiny("grpo")                  # pool_groups = batch_groups = 2, beta 0
+  config.algorithm = "rised"
+  with pytest.raises(ValueError, match=r"--config\.algorithm=rised: .*--config\.select\.pool_groups"):
+    config_lib.reapply_preset(config, {"algorithm": "rised"})
+  config = _tiny("grpo")
+  config.algorithm, config.select.pool_groups = "rised", 4
+  config_lib.reapply_preset(config, {"algorithm": "rised", "select.pool_groups": 4})
+  with pytest.raises(ValueError, match=r"teacher\.enabled=True but config\.step\.beta=0\.0.*"
+                                       r"--config\.step\.beta"):
+    config_lib.validate(config)
