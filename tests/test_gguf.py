@@ -26,7 +26,7 @@ from rised_jax.model import from_pretrained
 from rised_jax.model import gguf as gguf_import
 from rised_jax.model import packaged
 from rised_jax.model.config import ModelConfig
-from rised_jax.model.errors import ModelFileNotFoundError
+from rised_jax.model.errors import ModelFileNotFoundError, WeightError
 
 torch = pytest.importorskip("torch")
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
@@ -519,6 +519,18 @@ def tiny_llama_file(tmp_path_factory) -> pathlib.Path:
   write_gguf(path, "llama", LLAMA_HPARAMS,
              to_gguf_tensors(sd, permute_heads={"attn_q": 2, "attn_k": 1}))
   return path
+
+
+def test_non_finite_weight_is_rejected_by_tensor_name(tmp_path):
+  sd = random_hf_model(np.random.default_rng(6), layers=1, hidden=16, heads=2, kv_heads=1,
+                       head_dim=8, inter=32)
+  sd["model.layers.0.mlp.up_proj.weight"][7, 2] = np.nan
+  path = tmp_path / "nan.gguf"
+  write_gguf(path, "llama", LLAMA_HPARAMS,
+             to_gguf_tensors(sd, permute_heads={"attn_q": 2, "attn_k": 1}))
+  with pytest.raises(WeightError, match=rf"{path}: tensor 'model\.layers\.0\.mlp\.up_proj\.weight' "
+                                        r"has 1 non-finite value\(s\) .* at index \(7, 2\)"):
+    from_pretrained(path)
 
 
 def test_missing_file(tmp_path):

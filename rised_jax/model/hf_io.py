@@ -148,7 +148,8 @@ def load_state_dict(model: Decoder, state: Mapping[str, np.ndarray],
   """Copies HF-named tensors into `model`'s parameters (cast to their dtype).
 
   Names and shapes are checked before anything is copied: WeightError names the missing and
-  unexpected tensors, or a tensor whose shape differs from the config's (with both shapes).
+  unexpected tensors, or a tensor whose shape differs from the config's (with both shapes);
+  a tensor with a NaN or inf value is rejected by name (GGUF files load through here too).
   """
   cfg = model.cfg
   specs = weight_specs(cfg)
@@ -177,8 +178,16 @@ def load_state_dict(model: Decoder, state: Mapping[str, np.ndarray],
     if not jnp.issubdtype(array.dtype, jnp.floating):
       raise WeightError(f"{source}: tensor '{spec.hf_name}' has dtype {array.dtype}, expected "
                         f"a floating-point type")
+    array = np.asarray(array)
+    finite = np.isfinite(array)
+    if not finite.all():   # a NaN weight would make every loss NaN, silently from step 1
+      bad = int(array.size - np.count_nonzero(finite))
+      raise WeightError(f"{source}: tensor '{spec.hf_name}' has {bad} non-finite value(s) "
+                        f"(NaN or inf) of {array.size}, e.g. at index "
+                        f"{tuple(map(int, np.unravel_index(np.argmin(finite), array.shape)))}; expected "
+                        "finite weights")
     param = _param_at(model, spec.path)
-    value = _to_ours(spec.layout, np.asarray(array), tuple(param.shape))
+    value = _to_ours(spec.layout, array, tuple(param.shape))
     param.set_value(jnp.asarray(value, dtype=param.dtype))
 
 

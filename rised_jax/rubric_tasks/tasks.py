@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rised_jax import types
+from rised_jax import json_data, types
 from rised_jax.rubric_tasks import checks as checks_lib
 from rised_jax.rubric_tasks import text as text_lib
 from rised_jax.rubric_tasks.checks import RubricFormatError
@@ -146,21 +146,23 @@ def load_jsonl(path: str | os.PathLike[str], name: str | None = None) -> RubricT
   if not os.path.isfile(path):
     raise FileNotFoundError(f"rubric task file {path!r} does not exist")
   tasks, first_line = [], {}
-  with open(path, encoding="utf-8") as f:
-    for line_number, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      where = f"{path}:{line_number}"
-      try:
-        obj = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise RubricFormatError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-      task = parse_task(obj, where)
-      if task.id in first_line:
-        raise RubricFormatError(
-            f"{where}.id: duplicate task id {task.id!r} (first defined on line {first_line[task.id]})")
-      first_line[task.id] = line_number
-      tasks.append(task)
+  with open(path, "rb") as f:
+    text = json_data.decode_utf8(f.read(), path, RubricFormatError)
+  for line_number, line in enumerate(text.split("\n"), start=1):
+    if not line.strip():
+      continue
+    where = f"{path}:{line_number}"
+    json_data.check_shape(line, where, RubricFormatError, line=line_number)
+    try:
+      obj = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise RubricFormatError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+    task = parse_task(obj, where)
+    if task.id in first_line:
+      raise RubricFormatError(
+          f"{where}.id: duplicate task id {task.id!r} (first defined on line {first_line[task.id]})")
+    first_line[task.id] = line_number
+    tasks.append(task)
   if not tasks:
     raise RubricFormatError(f"{path}: no tasks in the file")
   return RubricTaskSet(name or os.path.splitext(os.path.basename(path))[0], tuple(tasks))

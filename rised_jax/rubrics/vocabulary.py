@@ -18,6 +18,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from rised_jax import json_data
+
 BUILTIN_VOCABULARIES = ("agentic_v1",)
 _ID_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 _REQUIRED_KEYS = ("id", "polarity", "description")
@@ -119,8 +121,9 @@ class Vocabulary:
         raise VocabularyError(
             f"vocabulary {name!r}: no such file; expected a JSON file path or one of the "
             f"built-in names {list(BUILTIN_VOCABULARIES)}")
-      with open(name, encoding="utf-8") as f:
-        text, source = f.read(), name
+      with open(name, "rb") as f:
+        text, source = json_data.decode_utf8(f.read(), f"vocabulary {name}", VocabularyError), name
+    json_data.check_shape(text, f"vocabulary {source}", VocabularyError)
     try:
       data = json.loads(text)
     except json.JSONDecodeError as e:
