@@ -17,8 +17,8 @@ Algorithms are configs composing stages, not branches in the trainer:
   variance           reward-variance    off      off
   env_curriculum     env-curriculum     off      off
 
-The rubric pipeline (CriPO, ALGORITHMS.md §3) trains on every group of rubric tasks, GRPO on the
-weighted criterion reward; its presets switch CriPO's two self-teachers:
+The rubric pipeline (CriPO, docs/ALGORITHMS.md §3) trains on every group of rubric tasks, GRPO
+on the weighted criterion reward; its presets switch CriPO's two self-teachers:
 
   preset        UC branch (injection teacher, localised KL)   SC branch (counterfactual flips)
   cripo         on                                            on
@@ -156,8 +156,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                        "guidance.enabled": False},
 }
 
-# CriPO's stated settings (ALGORITHMS.md §3); step.beta keeps the config's value (paper: 0.05 for
-# Qwen3-1.7B, 0.03 for 4B) and `teacher.enabled: False` sets it to 0 in `apply_preset`.
+# CriPO's stated settings (docs/ALGORITHMS.md §3); step.beta keeps the config's value (paper:
+# 0.05 for Qwen3-1.7B, 0.03 for 4B) and `teacher.enabled: False` sets it to 0 in `apply_preset`.
 _RUBRIC = {"pipeline": "rubric", "select.name": "uniform", "guidance.enabled": False,
            "advantage": "grpo"}
 _UC_ON = {"rubric.uc_branch": True, "teacher.enabled": True, "step.divergence": "forward-kl",

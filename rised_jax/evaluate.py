@@ -1,4 +1,4 @@
-"""Pass-rate evaluation (ALGORITHMS.md §4).
+"""Pass-rate evaluation (docs/ALGORITHMS.md §4).
 
 Episodes on a fixed list of held-out seeds per environment, one rollout per task, with the
 evaluation sampling settings (greedy by default) and never a hint or a rubric in the prompt:

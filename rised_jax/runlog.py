@@ -130,7 +130,7 @@ def check_results(results: Any, what: str) -> dict[str, dict[str, float | int]]:
 
 
 def mean_pass_rate(results: Mapping[str, Mapping[str, Any]]) -> float:
-  """The unweighted mean of the per-environment pass rates (ALGORITHMS.md §4)."""
+  """The unweighted mean of the per-environment pass rates (docs/ALGORITHMS.md §4)."""
   return sum(float(r["pass_rate"]) for r in results.values()) / len(results)
 
 

@@ -25,7 +25,7 @@ REPO = HARNESS.parent.parent
 
 
 def _reference_loss(model, batch, config: train_step.StepConfig, beta: float):
-  """Full-logits loss written from the equations (ALGORITHMS.md §1.2-1.5), no chunking."""
+  """Full-logits loss written from the equations (docs/ALGORITHMS.md §1.2-1.5), no chunking."""
   ids = jnp.asarray(batch["input_ids"])
   logits = model(ids, jnp.asarray(batch["attention_mask"]))
   logp_all = jax.nn.log_softmax(logits[:, :-1], axis=-1)

@@ -5,7 +5,7 @@
 
 The in-process JAX sampler writes G answers per science/medicine question, the deterministic
 checker of the task file judges every criterion, and the fused step trains GRPO on the weighted
-criterion reward with CriPO's two self-teachers (ALGORITHMS.md §3). Every step logs the CriPO
+criterion reward with CriPO's two self-teachers (docs/ALGORITHMS.md §3). Every step logs the CriPO
 diagnostics (cripo/frac_samples_with_uc, cripo/frac_samples_with_sc, cripo/sc_per_sample, kept_frac,
 flip_frac) to metrics.jsonl and TensorBoard; before and after training the held-out tasks are
 answered greedily and scored per domain (science, medicine). Rerunning the command resumes.

@@ -1,4 +1,4 @@
-"""CriPO at paper scale on Qwen3-1.7B (arXiv 2607.18082; ALGORITHMS.md §3).
+"""CriPO at paper scale on Qwen3-1.7B (arXiv 2607.18082; docs/ALGORITHMS.md §3).
 
 Paper setup: G = 8 answers per prompt, 64 prompts per step, lr 1e-6, 200 steps, answers of up to
 4096 tokens, β = 0.05 warmed up over 50 steps, training judge Qwen3-32B. Two SGLang servers

@@ -1,4 +1,4 @@
-"""Group-relative advantage estimators (ALGORITHMS.md §1.1).
+"""Group-relative advantage estimators (docs/ALGORITHMS.md §1.1).
 
 Each estimator maps scalar rewards `[N, G]` (N prompt groups of G rollouts) to one advantage
 per rollout, `[N, G]`, vectorised over groups. An optional `mask` `[N, G]` (1 = valid rollout)

@@ -1,4 +1,4 @@
-"""CriPO's array math (arXiv 2607.18082; ALGORITHMS.md §3), as pure functions over arrays.
+"""CriPO's array math (arXiv 2607.18082; docs/ALGORITHMS.md §3), as pure functions over arrays.
 
 Two levels, one per place in the pipeline:
 

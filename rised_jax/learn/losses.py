@@ -1,4 +1,4 @@
-"""Per-token loss terms and their aggregation (ALGORITHMS.md §1.2, §1.4).
+"""Per-token loss terms and their aggregation (docs/ALGORITHMS.md §1.2, §1.4).
 
 Every function here is pure array math over per-token arrays of any leading shape (usually
 [B, T]); vocabulary-sized inputs have a trailing axis V. Arrays that describe fixed data (old,

@@ -64,7 +64,7 @@ def check_field_types(cfg) -> None:
 class StepConfig:
   """Static settings of the step (hashable: the step is compiled for one of these)."""
 
-  # policy gradient (ALGORITHMS.md §1.2)
+  # policy gradient (docs/ALGORITHMS.md §1.2)
   aggregation: str = "seq-mean-token-mean"
   eps_low: float = 0.2
   eps_high: float = 0.2

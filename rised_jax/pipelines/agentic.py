@@ -1,4 +1,4 @@
-"""RISED and its baselines on multi-turn environments (ALGORITHMS.md §2).
+"""RISED and its baselines on multi-turn environments (docs/ALGORITHMS.md §2).
 
 Stages, each a component chosen by the config:
   roll out   `TaskStream` tasks, G episodes each through the `AgentLoop`, with the guidance

@@ -1,4 +1,4 @@
-"""CriPO and rubric-reward GRPO on open-ended rubric tasks (ALGORITHMS.md §3).
+"""CriPO and rubric-reward GRPO on open-ended rubric tasks (docs/ALGORITHMS.md §3).
 
 Stages:
   roll out   the next `select.batch_groups` training tasks of a `RubricTaskStream`, each prompt

@@ -1,4 +1,4 @@
-"""Rubric vocabulary, judges and tag profiles (ALGORITHMS.md §2.2–2.3)."""
+"""Rubric vocabulary, judges and tag profiles (docs/ALGORITHMS.md §2.2–2.3)."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,4 @@
-"""Per-criterion judges for rubric tasks (CriPO, ALGORITHMS.md §3): r_ij ∈ {0, 1} for every
+"""Per-criterion judges for rubric tasks (CriPO, docs/ALGORITHMS.md §3): r_ij ∈ {0, 1} for every
 criterion j of the task of every answer i.
 
   judge = make_criteria_judge("checker")                                 # offline default

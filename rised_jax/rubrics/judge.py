@@ -1,4 +1,4 @@
-"""The judge interface and the machinery shared by the LLM backends (ALGORITHMS.md §2.3).
+"""The judge interface and the machinery shared by the LLM backends (docs/ALGORITHMS.md §2.3).
 
 A judge sets, for every trajectory of the groups it is given, `tags` (multi-hot float32 over
 the vocabulary) and `untagged`, and returns `JudgeStats` counters for the logs.

@@ -1,4 +1,4 @@
-"""Lenient parsing of an LLM judge's answer into a `Verdict` (ALGORITHMS.md §2.3).
+"""Lenient parsing of an LLM judge's answer into a `Verdict` (docs/ALGORITHMS.md §2.3).
 
 Shared by every LLM backend. The parser never raises on the answer's content:
 

@@ -1,4 +1,4 @@
-"""The rubric vocabulary: one list of tags shared by every environment (ALGORITHMS.md §2.2).
+"""The rubric vocabulary: one list of tags shared by every environment (docs/ALGORITHMS.md §2.2).
 
 A vocabulary is data: a JSON file holding a list of entries
 `{"id": str, "polarity": "+" | "-", "description": str}`. The built-in `agentic_v1`

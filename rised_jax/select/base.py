@@ -1,4 +1,4 @@
-"""The selector interface: choose B of a pool's K candidate groups (ALGORITHMS.md §2.4, §2.7).
+"""The selector interface: choose B of a pool's K candidate groups (docs/ALGORITHMS.md §2.4, 2.7).
 
 Every selector is deterministic given its `seed`: the randomness of step t comes from
 `numpy.random.default_rng([seed, t])`, so a resumed run needs no saved RNG state, only the

@@ -1,4 +1,4 @@
-"""Baseline selectors: the same trainer with the selection stage swapped (ALGORITHMS.md §2.7).
+"""Baseline selectors: the same trainer with the selection stage swapped (docs/ALGORITHMS.md §2.7).
 
 | name        | chooses | options (default) |
 | ----------- | ------- | ----------------- |

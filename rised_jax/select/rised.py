@@ -1,4 +1,4 @@
-"""RISED's profile-guided group selection (ALGORITHMS.md §2.4).
+"""RISED's profile-guided group selection (docs/ALGORITHMS.md §2.4).
 
 Profile of a group: φ_g = the mean tag vector of its tagged rollouts (zeros when none is
 tagged), optionally ⊕ its success rate. Pool composition: φ̄ = the mean φ_g over the groups

@@ -1,4 +1,4 @@
-"""Teacher contexts and rollout guidance (ALGORITHMS.md §2.5–2.6)."""
+"""Teacher contexts and rollout guidance (docs/ALGORITHMS.md §2.5–2.6)."""
 from rised_jax.teach.guidance import GuidanceMemory
 from rised_jax.teach.positive import (PositiveMemory, Positives, PositiveTeacher,
                                       available_positives, positive_teacher_prefix)

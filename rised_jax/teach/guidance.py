@@ -1,4 +1,4 @@
-"""Negative rubrics → rollout guidance (ALGORITHMS.md §2.6).
+"""Negative rubrics → rollout guidance (docs/ALGORITHMS.md §2.6).
 
 Per environment e and negative tag k, an exponential moving frequency over recent rollouts:
 each `update(groups)` takes, per environment present, x̄_{e,k} = the fraction of its tagged

@@ -1,4 +1,4 @@
-"""Positive rubrics → the self-distillation teacher's prefix (ALGORITHMS.md §2.5).
+"""Positive rubrics → the self-distillation teacher's prefix (docs/ALGORITHMS.md §2.5).
 
 For a selected group of environment e, the *available positives* come from the first source
 of the fallback chain that has any:
