@@ -35,6 +35,7 @@ setuptools.setup(
     name="rised_jax",
     version="0.1.0",
     description="RISED and CriPO: rubric-guided RL for LLM agents, in JAX",
+    license="Apache-2.0",
     packages=setuptools.find_packages(include=["rised_jax", "rised_jax.*"]),
     package_data={"rised_jax": ["**/*.json", "**/*.txt", "**/*.jinja", "**/*.jsonl"]},
     python_requires=">=3.11",
