@@ -2,8 +2,10 @@
 
 An experiment file (experiments/configs/*.py) has `get_config(arg)` returning the ConfigDict of
 `default_config()` with its own values, then `apply_preset(config)` composes the stages of the
-named algorithm. `validate(config)` checks every key and value with a clear error before
-anything is loaded or compiled; the typed pieces (StepConfig, OptimizerConfig) come from it.
+named algorithm; a command-line `--config.algorithm=NAME` comes after that, so `main` calls
+`reapply_preset`. `validate(config)` checks every key and value with an error naming the key,
+the value and what is expected; it runs once, in `trainer.build` before the model loads (and
+alone under `--dry_run`). The typed pieces (StepConfig, OptimizerConfig) come from it.
 
 Algorithms are configs composing stages, not branches in the trainer:
 
@@ -176,12 +178,23 @@ PRESETS.update({
 })
 
 
-def _set(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
+def _parent(config: ml_collections.ConfigDict, dotted: str) -> tuple[Any, str]:
+  """The node holding the dotted key, and the key's last part."""
   *parents, leaf = dotted.split(".")
   node = config
   for name in parents:
     node = node[name]
+  return node, leaf
+
+
+def _set(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
+  node, leaf = _parent(config, dotted)
   node[leaf] = value
+
+
+def _get(config: ml_collections.ConfigDict, dotted: str) -> Any:
+  node, leaf = _parent(config, dotted)
+  return node[leaf]
 
 
 def apply_preset(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -213,7 +226,7 @@ def reapply_preset(config: ml_collections.ConfigDict,
   for dotted, value in overrides.items():
     if dotted != "algorithm":
       _set(config, dotted, value)
-  if (was_uniform and config.select.name not in ("uniform",) and config.pipeline == "agentic"
+  if (was_uniform and config.select.name != "uniform" and config.pipeline == "agentic"
       and "select.pool_groups" not in overrides):
     raise ValueError(
         f"--config.algorithm={config.algorithm}: the config file's preset rolled out "
@@ -459,13 +472,6 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "eval.seed_offset": _int_at_least(0),
     "eval.temperature": (_number_at_least(0)[0], "a finite number >= 0 (0: greedy)"),
 }
-
-
-def _get(config: ml_collections.ConfigDict, dotted: str) -> Any:
-  node = config
-  for name in dotted.split("."):
-    node = node[name]
-  return node
 
 
 def _check_values(config: ml_collections.ConfigDict) -> None:

@@ -25,7 +25,8 @@ def _tiny(arg: str = "rised", **edits):
     ({"select.pool_groups": 0, "select.batch_groups": 0},
      r"config\.select\.pool_groups=0: expected an integer >= 1"),
     ({"train.checkpoint_every": 0}, r"config\.train\.checkpoint_every=0: expected an integer >= 1"),
-    ({"rollout.temperature": -1.0}, r"config\.rollout\.temperature=-1\.0: expected a finite number"),
+    ({"rollout.temperature": -1.0},
+     r"config\.rollout\.temperature=-1\.0: expected a finite number"),
     ({"train.eval_every": -1}, r"config\.train\.eval_every=-1: expected an integer >= 0"),
     ({"optim.learning_rate": math.nan}, r"config\.optim: learning_rate=nan: expected a finite"),
     ({"optim.learning_rate": math.inf}, r"config\.optim: learning_rate=inf: expected a finite"),
@@ -92,7 +93,8 @@ def test_algorithm_override_reapplies_the_preset_and_explicit_keys_win():
 def test_switching_to_a_selecting_preset_asks_for_the_pool_it_lost():
   config = _tiny("grpo")                  # pool_groups = batch_groups = 2, beta 0
   config.algorithm = "rised"
-  with pytest.raises(ValueError, match=r"--config\.algorithm=rised: .*--config\.select\.pool_groups"):
+  with pytest.raises(ValueError,
+                     match=r"--config\.algorithm=rised: .*--config\.select\.pool_groups"):
     config_lib.reapply_preset(config, {"algorithm": "rised"})
   config = _tiny("grpo")
   config.algorithm, config.select.pool_groups = "rised", 4

@@ -182,9 +182,9 @@ def load_state_dict(model: Decoder, state: Mapping[str, np.ndarray],
     finite = np.isfinite(array)
     if not finite.all():   # a NaN weight would make every loss NaN, silently from step 1
       bad = int(array.size - np.count_nonzero(finite))
+      first = tuple(int(i) for i in np.unravel_index(np.argmin(finite), array.shape))
       raise WeightError(f"{source}: tensor '{spec.hf_name}' has {bad} non-finite value(s) "
-                        f"(NaN or inf) of {array.size}, e.g. at index "
-                        f"{tuple(map(int, np.unravel_index(np.argmin(finite), array.shape)))}; expected "
+                        f"(NaN or inf) of {array.size}, e.g. at index {first}; expected "
                         "finite weights")
     param = _param_at(model, spec.path)
     value = _to_ours(spec.layout, array, tuple(param.shape))
