@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import jax
 import pytest
 
 from rised_jax import config as config_lib
+from rised_jax import trainer
 from tests.test_trainer import load_config_file
 
 CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
@@ -102,3 +104,10 @@ def test_switching_to_a_selecting_preset_asks_for_the_pool_it_lost():
   with pytest.raises(ValueError, match=r"teacher\.enabled=True but config\.step\.beta=0\.0.*"
                                        r"--config\.step\.beta"):
     config_lib.validate(config)
+
+
+def test_build_checks_the_mesh_against_the_devices_before_loading_the_model(tmp_path):
+  config = _tiny(mesh={"data": jax.device_count() + 1, "fsdp": 1, "tensor": 1})
+  config.model.source = str(tmp_path / "no_such_model")   # loading it would fail differently
+  with pytest.raises(ValueError, match=r"config\.mesh: .*needs \d+ devices, found"):
+    trainer.build(config, tmp_path / "run")
