@@ -25,6 +25,7 @@ import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
+import ml_collections
 from etils import epath
 from ml_collections import config_flags
 
@@ -70,7 +71,6 @@ _STEP = flags.DEFINE_integer("step", None, "rised-eval: checkpoint step (default
 def _config(evaluating: bool):
   """The config file's config with the command line's overrides (`--config.algorithm` re-applies
   its preset), or for `rised-eval` without --config the run's saved config.json."""
-  import ml_collections  # noqa: PLC0415
   from rised_jax import config as config_lib  # noqa: PLC0415 - after flag parsing
   if _CONFIG.value is None:
     saved = epath.Path(_WORKDIR.value) / "config.json"
