@@ -29,6 +29,7 @@ weighted criterion reward; its presets switch CriPO's two self-teachers:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import ml_collections
@@ -55,6 +56,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict()
   c.rollout.engine = "jax"                 # jax | sglang
   c.rollout.sglang_url = "http://127.0.0.1:30000"
+  c.rollout.sglang = ml_collections.ConfigDict()
+  c.rollout.sglang.timeout_s = 600.0       # deadline of one HTTP request as a whole
+  c.rollout.sglang.retries = 3             # retries of a failed or invalid request
   c.rollout.group_size = 4                 # G
   c.rollout.temperature = 1.0
   c.rollout.top_p = 1.0
@@ -214,6 +218,17 @@ def _typed(cls, node: ml_collections.ConfigDict, where: str):
     raise ValueError(f"{where}: {e}") from e
 
 
+def _check_sglang(node: ml_collections.ConfigDict) -> None:
+  """config.rollout.sglang: a finite positive deadline and a non-negative retry count."""
+  timeout, retries = node.timeout_s, node.retries
+  if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+      not 0 < timeout < math.inf:
+    raise ValueError(f"config.rollout.sglang.timeout_s={timeout!r}: expected a finite number of "
+                     "seconds > 0 (the deadline of one request to the server)")
+  if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+    raise ValueError(f"config.rollout.sglang.retries={retries!r}: expected an integer >= 0")
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
   """Every check that can fail before loading or compiling anything."""
   from rised_jax import envs  # noqa: PLC0415 - keeps `config` importable without the envs
@@ -236,6 +251,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.pipeline={config.pipeline!r}: expected one of {pipelines.PIPELINES}")
   if config.rollout.engine not in ("jax", "sglang"):
     raise ValueError(f"config.rollout.engine={config.rollout.engine!r}: expected 'jax' or 'sglang'")
+  _check_sglang(config.rollout.sglang)
   if not isinstance(config.rollout.reply_prefix, str):
     raise ValueError(f"config.rollout.reply_prefix={config.rollout.reply_prefix!r}: expected a "
                      "string")

@@ -43,6 +43,8 @@ def fake(server):
   server.logprob_snapshots = False
   server.has_weight_endpoint = True
   server.weight_loader = None
+  server.retry_after = None
+  server.drip_s = 0.05
   return server
 
 
@@ -176,11 +178,13 @@ def test_parse_rejects_responses_that_break_the_schema(bad, message):
     ("abort", "aborted the request: injected abort"),
 ])
 def test_schema_faults_are_clear_errors_naming_the_request(engine, fake, fault, message):
-  fake.inject("/generate", fault)
+  # Issue 9: a reply that breaks the schema is asked for again (1 + max_retries=3 attempts).
+  fake.inject("/generate", fault, times=4)
   with pytest.raises(SGLangError) as error:
     engine.generate([GenerationRequest(prompt_ids=[1, 2, 3], params=GREEDY)])
-  assert message in str(error.value) and "request 0" in str(error.value)
-  assert len(fake.calls_to("/generate")) == 1   # a wrong answer is not retried
+  text = str(error.value)
+  assert message in text and "request 0" in text and "gave up after 4 attempts" in text
+  assert len(fake.calls_to("/generate")) == 4
 
 
 # -- faults and retries ---------------------------------------------------------------------
@@ -229,10 +233,11 @@ def test_server_side_validation_error_surfaces(engine, fake):
   assert len(fake.calls_to("/generate")) == 1
 
 
-def test_backoff_is_exponential_and_capped():
-  policy = http_retry.RetryPolicy(max_retries=5, backoff_s=0.5, multiplier=2.0, max_backoff_s=3.0)
-  assert policy.delays() == [0.5, 1.0, 2.0, 3.0, 3.0]
-  slept, attempts = [], []
+def test_backoff_is_exponential_capped_and_jittered():
+  # Issue 9: the waits are drawn from [0, min(backoff_s * 2**i, max_backoff_s)] (full jitter).
+  policy = http_retry.RetryPolicy(max_retries=5, backoff_s=0.5, max_backoff_s=3.0)
+  assert [policy.wait_cap(i) for i in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+  slept, attempts, draws = [], [], []
 
   def flaky():
     attempts.append(1)
@@ -240,8 +245,20 @@ def test_backoff_is_exponential_and_capped():
       raise http_retry.HTTPRequestError("POST", "u", 503, "busy", retryable=True)
     return "ok"
 
-  assert http_retry.call_with_retry(flaky, policy, sleep=slept.append) == "ok"
-  assert slept == [0.5, 1.0, 2.0]
+  def top_of_range(low, high):
+    draws.append((low, high))
+    return high
+
+  assert http_retry.call_with_retry(flaky, policy, sleep=slept.append,
+                                    uniform=top_of_range) == "ok"
+  assert draws == [(0.0, 0.5), (0.0, 1.0), (0.0, 2.0)] and slept == [0.5, 1.0, 2.0]
+  # With the real random source every wait stays in its range and they are not all equal.
+  slept.clear()
+  for _ in range(20):
+    attempts.clear()
+    http_retry.call_with_retry(flaky, policy, sleep=slept.append)
+  caps = [0.5, 1.0, 2.0] * 20
+  assert all(0 <= wait <= cap for wait, cap in zip(slept, caps)) and len(set(slept)) > 50
 
 
 def test_connection_refused_is_retried_then_reported(fake):
