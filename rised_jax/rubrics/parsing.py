@@ -54,7 +54,7 @@ _SUMMARY.maxlist = _SUMMARY.maxdict = 4
 def parse_verdict(text: Any, vocab: Vocabulary) -> Verdict:
   """Parses a judge answer; unusable answers (of any type) give `Verdict(untagged=True)`."""
   if not isinstance(text, str):
-    raw = "" if text is None else f"<not text: {_SUMMARY.repr(text)}>"
+    raw = "" if text is None else f"<not text: {_summary(text)}>"
     return Verdict(tags=np.zeros(len(vocab), np.float32), untagged=True, raw=raw)
   raw = text
   untagged = Verdict(tags=np.zeros(len(vocab), np.float32), untagged=True, raw=raw)
@@ -68,13 +68,21 @@ def parse_verdict(text: Any, vocab: Vocabulary) -> Verdict:
   for item in items:
     index = _resolve_item(item, vocab)
     if index is None:
-      unknown.append(item[:_SUMMARY.maxstring] if isinstance(item, str)
-                     else _SUMMARY.repr(item))
+      unknown.append(item[:_SUMMARY.maxstring] if isinstance(item, str) else _summary(item))
     else:
       tags[index] = 1.0
   if items and not tags.any():
     return Verdict(tags=tags, untagged=True, unknown_tags=tuple(unknown), raw=raw)
   return Verdict(tags=tags, untagged=False, unknown_tags=tuple(unknown), raw=raw)
+
+
+def _summary(value: Any) -> str:
+  """A short repr for the logs; the type's name where even that fails (an int of more digits
+  than Python converts, an object whose repr raises)."""
+  try:
+    return _SUMMARY.repr(value)
+  except Exception:  # pylint: disable=broad-except  # any repr may raise
+    return f"<{type(value).__name__}>"
 
 
 def _find_tag_items(text: str) -> list[Any] | None:
