@@ -20,10 +20,10 @@ from rised_jax.rubrics import Vocabulary, criteria
 from rised_jax.rubrics.parsing import MAX_ANSWER_CHARS, parse_verdict
 
 SEED = 2026
-# Measured: the slowest input of the fuzz set parses in about 20 ms (200 kB of `{"tags": [`
-# on a busy 2-core machine); 1 s leaves a 50x margin, and the quadratic parser of before took
-# 24 s for 200,000 `{`.
-MAX_SECONDS_PER_INPUT = 1.0
+# Measured on a busy 2-core machine: the slowest input of the fuzz set (1 MB of nested
+# `{"tags": [`) parses in 58 ms, 200 kB ones in under 10 ms; 2 s leaves a 30x margin. The
+# quadratic parser of before took 24 s for 200,000 `{`.
+MAX_SECONDS_PER_INPUT = 2.0
 PROSE = "The agent moved around and then it stopped. Overall fair: see below.\n"
 NOISE_ALPHABET = ' {}[]":,\n`\\tagsNaNInfinity-0123456789.eE'
 
