@@ -14,7 +14,9 @@ after max_new_tokens ("length"). `no_stop_trim` and `skip_special_tokens` act on
 in SGLang. With `logprob_snapshots=True` it reproduces sglang-jax's quirk: above 50 output
 tokens, output_token_logprobs = the first 50 entries followed by all of them.
 
-Faults (`inject(path, fault, times)`) apply to the next `times` calls of that path:
+Faults (`inject(path, fault, times)`) apply to the next `times` calls of that path; a rule
+(`poison(fault, predicate)`) applies that fault to every /generate call whose JSON body the
+predicate accepts, for as long as the server runs (until `reset`):
   "http500", "http400"   an error status with an SGLang-style message
   "drop"                 close the connection without answering
   "delay"                answer after `delay_s` seconds (meant to exceed the client's timeout)
@@ -150,6 +152,7 @@ class FakeSGLangServer:
     self.max_in_flight = 0
     self._active_handlers = 0       # requests of any kind being handled
     self._faults: dict[str, collections.deque[str]] = collections.defaultdict(collections.deque)
+    self._rules: list[tuple[str, Callable[[Any], bool]]] = []
     self._lock = threading.Lock()
     self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
     self._httpd.daemon_threads = True
@@ -184,6 +187,12 @@ class FakeSGLangServer:
     with self._lock:
       self._faults[path].extend([fault] * times)
 
+  def poison(self, fault: str, predicate: Callable[[Any], bool]) -> None:
+    if fault not in FAULTS:
+      raise ValueError(f"unknown fault {fault!r}; known: {sorted(FAULTS)}")
+    with self._lock:
+      self._rules.append((fault, predicate))
+
   def calls_to(self, path: str) -> list[Any]:
     """The JSON bodies of the calls to `path`, in order."""
     with self._lock:
@@ -198,14 +207,19 @@ class FakeSGLangServer:
     with self._lock:
       self.calls.clear()
       self._faults.clear()
+      self._rules.clear()
       self.max_in_flight = 0
 
   # -- responses ----------------------------------------------------------------------------
 
-  def _next_fault(self, path: str) -> str | None:
+  def _next_fault(self, path: str, body: Any) -> str | None:
     with self._lock:
       queue = self._faults[path]
-      return queue.popleft() if queue else None
+      if queue:
+        return queue.popleft()
+      if path == "/generate":
+        return next((fault for fault, accepts in self._rules if accepts(body)), None)
+      return None
 
   def _generate(self, body: Any, fault: str | None) -> dict[str, Any]:
     _check_generate_request(body, self.vocab_size)
@@ -336,7 +350,7 @@ class FakeSGLangServer:
         path = self.path
         with server._lock:
           server.calls.append((method, path, body))
-        fault = server._next_fault(path)
+        fault = server._next_fault(path, body)
         if fault == "drop":
           return   # no answer; the connection closes when the handler returns
         if fault == "delay":

@@ -4,6 +4,8 @@ after its retries drops its whole group, the step's metrics count it, and nothin
 reaches the trained batch."""
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -11,9 +13,11 @@ import pytest
 
 from fake_sglang_server import FakeSGLangServer
 from rised_jax import config as config_lib
+from rised_jax import trainer
 from rised_jax.learn import batching
 from rised_jax.model import tiny
 from rised_jax.pipelines import make_pipeline
+from rised_jax.rollout.agent_loop import sampling_seed
 from rised_jax.rollout.sglang_engine import SGLangEngine
 from rised_jax.tasks import TaskStream
 from tests.test_trainer import load_config_file
@@ -138,3 +142,41 @@ def test_sglang_keys_are_validated():
     bad.rollout.sglang[key] = value
     with pytest.raises(ValueError, match=rf"config.rollout.sglang.{key}=.*expected {expected}"):
       config_lib.validate(bad)
+
+
+def poisoned(body) -> bool:
+  """The training requests (sampled, not greedy) whose seed is a multiple of 7."""
+  sampling = body["sampling_params"]
+  return sampling["temperature"] > 0 and sampling["sampling_seed"] % 7 == 0
+
+
+def test_a_run_on_a_faulty_server_drops_and_counts_and_stays_finite(server, tokenizer, tmp_path):
+  # Before issue 9 the client took the 10**6 token id, and the first step's loss was NaN.
+  server.reset()
+  server.poison("bad_token", poisoned)
+  model_dir = tiny.write(tmp_path / "model", ["frozenlake"])
+  config = agentic_config()
+  config.model.source = str(model_dir)
+  config.rollout.engine = "sglang"
+  config.rollout.sglang_url = server.url
+  config.rollout.sglang.retries = 1
+  config.train.steps = 2
+  config.eval.episodes_per_env = 2
+  workdir = tmp_path / "run"
+  trainer.train(config, workdir)
+  lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  lines = [line for line in lines if "time/rollout" in line]   # the steps' (not eval) lines
+  assert [line["step"] for line in lines] == [1, 2]
+  # The oracle: which groups have a poisoned request, from the tasks and seeds of each step.
+  stream = TaskStream(config.envs.names, config.envs.difficulty.to_dict(), seed=config.seed,
+                      eval_seed_offset=config.eval.seed_offset)
+  for step, line in enumerate(lines):
+    seeds = [[sampling_seed(config.seed * 1_000_003 + step, task, rollout, 0)
+              for rollout in range(config.rollout.group_size)]
+             for task in stream.next(config.select.pool_groups)]
+    bad = [sum(seed % 7 == 0 for seed in group) for group in seeds]
+    assert all(math.isfinite(v) for v in line.values() if isinstance(v, float))
+    assert line["rollout/groups_dropped"] == sum(b > 0 for b in bad)
+    assert line["rollout/server_retries"] == sum(bad)   # one retry per poisoned request
+    assert line["judge/failed"] == 0
+  assert sum(line["rollout/groups_dropped"] for line in lines) > 0
