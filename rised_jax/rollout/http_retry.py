@@ -107,10 +107,13 @@ def _http_transient(error: BaseException) -> bool:
   return isinstance(error, HTTPRequestError) and error.retryable
 
 
+def _http_retry_after(error: BaseException) -> float | None:
+  return error.retry_after if isinstance(error, HTTPRequestError) else None
+
+
 def call_with_retry(call: Callable[[], T], policy: RetryPolicy, *,
                     is_transient: Callable[[BaseException], bool] = _http_transient,
-                    retry_after: Callable[[BaseException], float | None] =
-                    lambda error: getattr(error, "retry_after", None),
+                    retry_after: Callable[[BaseException], float | None] = _http_retry_after,
                     on_retry: Callable[[BaseException, float], None] | None = None,
                     sleep: Callable[[float], None] = time.sleep,
                     uniform: Callable[[float, float], float] | None = None) -> T:

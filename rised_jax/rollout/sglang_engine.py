@@ -165,8 +165,9 @@ def parse_generate_response(response: Any, where: str = "/generate", *,
                       f"{max_new_tokens}")
   if bad := [(i, t) for i, t in enumerate(output_ids)
              if t < 0 or (vocab_size is not None and t >= vocab_size)][:3]:
+    bound = "" if vocab_size is None else f" [0, {vocab_size})"
     raise SGLangError(f"{where}: output_ids{''.join(f'[{i}]={t}' for i, t in bad)} outside the "
-                      f"vocabulary [0, {vocab_size})")
+                      f"vocabulary{bound}")
   meta_info = response.get("meta_info")
   if not isinstance(meta_info, Mapping):
     raise SGLangError(f"{where}: response has no 'meta_info' object")
