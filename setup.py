@@ -19,6 +19,9 @@ INSTALL_REQUIRES = [
     "numpy==2.4.6",
     "scipy==1.17.1",
     "tqdm==4.70.1",
+    # The retry policy of the SGLang client and the LLM judges; urllib3 for its Retry-After parser.
+    "tenacity==9.1.4",
+    "urllib3==2.8.0",
 ]
 
 EXTRAS_REQUIRE = {

@@ -60,6 +60,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict()
   c.rollout.engine = "jax"                 # jax | sglang
   c.rollout.sglang_url = "http://127.0.0.1:30000"
+  c.rollout.sglang = ml_collections.ConfigDict()
+  c.rollout.sglang.timeout_s = 600.0       # deadline of one HTTP request as a whole
+  c.rollout.sglang.retries = 3             # retries of a failed or invalid request
   c.rollout.group_size = 4                 # G
   c.rollout.temperature = 1.0
   c.rollout.top_p = 1.0
@@ -457,6 +460,9 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rollout.batch_buckets": _sizes(0),
     "rollout.prompt_buckets": _sizes(1),
     "rollout.new_token_buckets": _sizes(1),
+    "rollout.sglang.timeout_s": ((lambda v: _is_number(v) and v > 0),
+                                 "a finite number of seconds > 0 (the deadline of one request)"),
+    "rollout.sglang.retries": _int_at_least(0),
     "judge.max_new_tokens": _int_at_least(1),
     "select.pool_groups": _int_at_least(1),
     "select.batch_groups": _int_at_least(1),

@@ -72,7 +72,10 @@ def _engine(config: ml_collections.ConfigDict, model, tokenizer):
                      reuse_prefix=config.rollout.reuse_prefix)
   from rised_jax.rollout.sglang_engine import SGLangEngine  # noqa: PLC0415
   return SGLangEngine(config.rollout.sglang_url, tokenizer=tokenizer,
-                      weight_dir=os.path.join(config.workdir, "weights"))
+                      weight_dir=os.path.join(config.workdir, "weights"),
+                      timeout_s=config.rollout.sglang.timeout_s,
+                      max_retries=config.rollout.sglang.retries,
+                      vocab_size=model.cfg.vocab_size)
 
 
 def _check_workdir_config(workdir: Path, config: ml_collections.ConfigDict) -> None:

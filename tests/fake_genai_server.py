@@ -18,11 +18,14 @@ from typing import Any, Callable
 
 @dataclasses.dataclass
 class Reply:
-  """What the fake model answers: a text, or an HTTP error status with a message."""
+  """What the fake model answers: a text, or an HTTP error status with a message (and extra
+  response headers, e.g. Retry-After). `text` may be any JSON value, to play a server that
+  sends a number or an object where text belongs."""
 
-  text: str = ""
+  text: Any = ""
   status: int = 200
   message: str = ""
+  headers: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 Answer = Callable[[str], "Reply | str"]
@@ -58,11 +61,13 @@ class LoopbackServer:
         request = RecordedRequest("POST", self.path, headers, body)
         with owner._lock:
           owner.requests.append(request)
-        status, payload = owner.respond(request)
+        status, payload, *extra = owner.respond(request)
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (extra[0] if extra else {}).items():
+          self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 
@@ -78,7 +83,8 @@ class LoopbackServer:
   def url(self) -> str:
     return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-  def respond(self, request: RecordedRequest) -> tuple[int, Any]:
+  def respond(self, request: RecordedRequest) -> tuple[int, Any] | tuple[int, Any, dict]:
+    """(status, JSON payload) or (status, JSON payload, extra headers)."""
     raise NotImplementedError
 
   def __enter__(self) -> "LoopbackServer":
@@ -130,11 +136,12 @@ class FakeGenaiServer(LoopbackServer):
     reply = as_reply(self.answer(prompt))
     if reply.status != 200:
       names = {429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
-      return self.error(reply.status, reply.message or "error", names.get(reply.status, "UNKNOWN"))
+      return (*self.error(reply.status, reply.message or "error",
+                          names.get(reply.status, "UNKNOWN")), reply.headers)
     return 200, {
         "candidates": [{"content": {"role": "model", "parts": [{"text": reply.text}]},
                         "finishReason": "STOP", "index": 0}],
         "usageMetadata": {"promptTokenCount": len(prompt.split()),
-                          "candidatesTokenCount": len(reply.text.split())},
+                          "candidatesTokenCount": len(str(reply.text).split())},
         "modelVersion": match.group(1),
     }

@@ -44,7 +44,7 @@ class FakeOpenAIServer(LoopbackServer):
                         "invalid_request_error")
     reply = as_reply(self.answer(prompt))
     if reply.status != 200:
-      return self.error(reply.status, reply.message or "error", "server_error")
+      return (*self.error(reply.status, reply.message or "error", "server_error"), reply.headers)
     return 200, {
         "id": f"chatcmpl-{len(self.requests)}",
         "object": "chat.completion",
@@ -53,6 +53,6 @@ class FakeOpenAIServer(LoopbackServer):
         "choices": [{"index": 0, "finish_reason": "stop",
                      "message": {"role": "assistant", "content": reply.text}}],
         "usage": {"prompt_tokens": len(prompt.split()),
-                  "completion_tokens": len(reply.text.split()),
-                  "total_tokens": len(prompt.split()) + len(reply.text.split())},
+                  "completion_tokens": len(str(reply.text).split()),
+                  "total_tokens": len(prompt.split()) + len(str(reply.text).split())},
     }

@@ -14,7 +14,9 @@ after max_new_tokens ("length"). `no_stop_trim` and `skip_special_tokens` act on
 in SGLang. With `logprob_snapshots=True` it reproduces sglang-jax's quirk: above 50 output
 tokens, output_token_logprobs = the first 50 entries followed by all of them.
 
-Faults (`inject(path, fault, times)`) apply to the next `times` calls of that path:
+Faults (`inject(path, fault, times)`) apply to the next `times` calls of that path; a rule
+(`poison(fault, predicate)`) applies that fault to every /generate call whose JSON body the
+predicate accepts, for as long as the server runs (until `reset`):
   "http500", "http400"   an error status with an SGLang-style message
   "drop"                 close the connection without answering
   "delay"                answer after `delay_s` seconds (meant to exceed the client's timeout)
@@ -22,6 +24,13 @@ Faults (`inject(path, fault, times)`) apply to the next `times` calls of that pa
   "bad_json"             a complete response whose body is not JSON
   "no_output_ids"        omit output_ids;  "wrong_ids": shift the ids in output_token_logprobs
   "abort"                finish_reason {"type": "abort", …}
+  "http429", "http408", "http503"   that status, with `Retry-After: retry_after` when it is set
+  "drip"                 a valid answer sent one byte every `drip_s` seconds
+Replies that follow the schema but are impossible (the client must reject them):
+  "bad_token"            the first token id is 10**6 (in output_ids and its log-prob entry)
+  "nan_logprob", "positive_logprob"   the first log-prob is NaN (JSON NaN) or +50
+  "too_many"             54 tokens, whatever max_new_tokens asked for (counts consistent)
+  "short_logprobs"       one output_token_logprobs entry fewer than output_ids
 """
 from __future__ import annotations
 
@@ -53,7 +62,11 @@ UPDATE_WEIGHTS_KEYS = frozenset({
     "is_async", "torch_empty_cache", "keep_pause",
 })
 FAULTS = frozenset({"http500", "http400", "drop", "delay", "truncate", "bad_json",
-                    "no_output_ids", "wrong_ids", "abort"})
+                    "no_output_ids", "wrong_ids", "abort", "http429", "http408", "http503",
+                    "drip", "bad_token", "nan_logprob", "positive_logprob", "too_many",
+                    "short_logprobs"})
+ERROR_FAULTS = {"http500": 500, "http400": 400, "http429": 429, "http408": 408, "http503": 503}
+TOO_MANY = 54
 SNAPSHOT_LEN = 50
 
 
@@ -118,7 +131,8 @@ class FakeSGLangServer:
 
   def __init__(self, *, vocab_size: int = 1000, eos_token_id: int | None = None,
                special_token_ids: tuple[int, ...] = (), generate_delay_s: float = 0.0,
-               delay_s: float = 2.0, logprob_snapshots: bool = False,
+               delay_s: float = 2.0, logprob_snapshots: bool = False, drip_s: float = 0.05,
+               retry_after: str | None = None,
                has_weight_endpoint: bool = True,
                weight_loader: Callable[[str], None] | None = None):
     self.vocab_size = vocab_size
@@ -127,6 +141,8 @@ class FakeSGLangServer:
     self.generate_delay_s = generate_delay_s
     self.delay_s = delay_s
     self.logprob_snapshots = logprob_snapshots
+    self.drip_s = drip_s
+    self.retry_after = retry_after   # Retry-After header of injected 429/408/503 answers
     self.has_weight_endpoint = has_weight_endpoint
     self.weight_loader = weight_loader   # called with model_path; raising = a failed load
     self.model_path = "/fake/model"
@@ -136,6 +152,7 @@ class FakeSGLangServer:
     self.max_in_flight = 0
     self._active_handlers = 0       # requests of any kind being handled
     self._faults: dict[str, collections.deque[str]] = collections.defaultdict(collections.deque)
+    self._rules: list[tuple[str, Callable[[Any], bool]]] = []
     self._lock = threading.Lock()
     self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
     self._httpd.daemon_threads = True
@@ -170,6 +187,12 @@ class FakeSGLangServer:
     with self._lock:
       self._faults[path].extend([fault] * times)
 
+  def poison(self, fault: str, predicate: Callable[[Any], bool]) -> None:
+    if fault not in FAULTS:
+      raise ValueError(f"unknown fault {fault!r}; known: {sorted(FAULTS)}")
+    with self._lock:
+      self._rules.append((fault, predicate))
+
   def calls_to(self, path: str) -> list[Any]:
     """The JSON bodies of the calls to `path`, in order."""
     with self._lock:
@@ -184,22 +207,33 @@ class FakeSGLangServer:
     with self._lock:
       self.calls.clear()
       self._faults.clear()
+      self._rules.clear()
       self.max_in_flight = 0
 
   # -- responses ----------------------------------------------------------------------------
 
-  def _next_fault(self, path: str) -> str | None:
+  def _next_fault(self, path: str, body: Any) -> str | None:
     with self._lock:
       queue = self._faults[path]
-      return queue.popleft() if queue else None
+      if queue:
+        return queue.popleft()
+      if path == "/generate":
+        return next((fault for fault, accepts in self._rules if accepts(body)), None)
+      return None
 
   def _generate(self, body: Any, fault: str | None) -> dict[str, Any]:
     _check_generate_request(body, self.vocab_size)
     sampling = body.get("sampling_params", {})
     if sampling.get("temperature", 1.0) <= 1e-6:
       sampling = {**sampling, "sampling_seed": 0}   # greedy: the seed plays no part
+    if fault == "too_many":
+      sampling = {**sampling, "max_new_tokens": TOO_MANY}
     ids, logprobs, finish = fake_generation(body["input_ids"], sampling, self.vocab_size,
                                             self.eos_token_id)
+    if fault == "bad_token":
+      ids[0] = 10**6
+    if fault in ("nan_logprob", "positive_logprob"):
+      logprobs[0] = float("nan") if fault == "nan_logprob" else 50.0
     completion_tokens = len(ids)
     entries = [[lp, t, f"<{t}>"] for lp, t in zip(logprobs, ids)]
     output_ids = list(ids)
@@ -209,6 +243,8 @@ class FakeSGLangServer:
       output_ids = [t for t in output_ids if t not in self.special_token_ids]
     if self.logprob_snapshots and len(entries) > SNAPSHOT_LEN:
       entries = entries[:SNAPSHOT_LEN] + entries
+    if fault == "short_logprobs":
+      entries = entries[:-1]
     if fault == "wrong_ids":
       entries = [[lp, (t + 1) % self.vocab_size, s] for lp, t, s in entries]
     if fault == "abort":
@@ -262,15 +298,23 @@ class FakeSGLangServer:
         pass
 
       def _send(self, status: int, body: bytes, content_type: str = "application/json",
-                declared_length: int | None = None) -> None:
+                declared_length: int | None = None, headers: dict[str, str] | None = None,
+                drip: bool = False) -> None:
         try:
           self.send_response(status)
           self.send_header("Content-Type", content_type)
           self.send_header("Content-Length", str(declared_length or len(body)))
+          for name, value in (headers or {}).items():
+            self.send_header(name, value)
           self.end_headers()
-          self.wfile.write(body)
+          if drip:
+            for k in range(len(body)):
+              self.wfile.write(body[k:k + 1])
+              self.wfile.flush()
+              time.sleep(server.drip_s)
+          self.wfile.write(b"" if drip else body)
           self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, OSError):
           pass   # the client gave up (timeout): nothing to answer
 
       def _send_json(self, status: int, obj: Any) -> None:
@@ -306,14 +350,17 @@ class FakeSGLangServer:
         path = self.path
         with server._lock:
           server.calls.append((method, path, body))
-        fault = server._next_fault(path)
+        fault = server._next_fault(path, body)
         if fault == "drop":
           return   # no answer; the connection closes when the handler returns
         if fault == "delay":
           time.sleep(server.delay_s)
-        if fault in ("http500", "http400"):
-          status = 500 if fault == "http500" else 400
-          self._send_json(status, {"error": {"message": f"injected {fault}"}})
+        if fault in ERROR_FAULTS:
+          status = ERROR_FAULTS[fault]
+          headers = ({"Retry-After": server.retry_after}
+                     if server.retry_after is not None and status in (408, 429, 503) else None)
+          self._send(status, json.dumps({"error": {"message": f"injected {fault}"}}).encode(),
+                     headers=headers)
           return
         try:
           status, payload = self._route(method, path, body, fault)
@@ -328,6 +375,8 @@ class FakeSGLangServer:
           self._send(status, raw[:len(raw) // 2], declared_length=len(raw))
         elif fault == "bad_json":
           self._send(status, raw[:len(raw) // 2])
+        elif fault == "drip":
+          self._send(status, raw, drip=True)
         else:
           self._send(status, raw)
 

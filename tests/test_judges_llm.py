@@ -8,6 +8,7 @@ import random
 import re
 import string
 import threading
+import time
 
 import pytest
 
@@ -341,3 +342,55 @@ def test_in_process_judge_contract(vocab):
   assert stats.untagged == 2
   with pytest.raises(ValueError, match=r"response_format='xml'"):
     OpenAICompatibleJudge(vocab, model=MODEL, response_format="xml")
+
+
+# -- issue 9: any answer is a verdict or untagged; one retry policy with Retry-After ----------
+
+NON_TEXT = [5, float("nan"), {"tags": ["valid_syntax"]}, None, [1, 2], True, 1e308]
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_non_text_answers_are_untagged_never_a_crash(vocab, gemini_key, openai_key, backend):
+  make_server, make = BACKENDS[backend]
+  answers = {i: value for i, value in enumerate(NON_TEXT)}
+  with make_server(lambda prompt: Reply(text=answers[case_of(prompt)])) as server:
+    groups = make_groups(range(len(NON_TEXT)))
+    stats = make(vocab, server, max_retries=0).judge(groups)
+  assert all(t.untagged and not t.tags.any() for g in groups for t in g.trajectories)
+  assert stats.judged == stats.untagged == len(NON_TEXT)
+  assert len(server.requests) == len(NON_TEXT)   # a wrong answer is not a transient error
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_retry_after_is_honoured(vocab, gemini_key, openai_key, backend):
+  make_server, make = BACKENDS[backend]
+  attempts = []
+
+  def answer(prompt):
+    attempts.append(prompt)
+    if len(attempts) == 1:
+      return Reply(status=429, message="slow down", headers={"Retry-After": "1"})
+    return scripted(prompt)
+
+  with make_server(answer) as server:
+    groups = make_groups([0])
+    start = time.monotonic()
+    # Its own waits are at most 0.001 s; waits up to max_backoff_s are allowed.
+    stats = make(vocab, server, max_retries=2, max_backoff_s=5.0).judge(groups)
+    waited = time.monotonic() - start
+  check_verdicts(vocab, groups, stats, [0])
+  assert stats.retries == 1 and len(server.requests) == 2
+  assert 1.0 <= waited < 4.0
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_retry_after_beyond_the_longest_wait_fails_the_request(vocab, gemini_key, openai_key,
+                                                               backend):
+  make_server, make = BACKENDS[backend]
+  with make_server(lambda p: Reply(status=503, message="down for maintenance",
+                                   headers={"Retry-After": "3600"})) as server:
+    start = time.monotonic()
+    stats = make(vocab, server, max_retries=3).judge(make_groups([0]))
+  assert time.monotonic() - start < 2.0
+  assert stats.untagged == 1 and stats.failed_requests == 1 and stats.retries == 0
+  assert len(server.requests) == 1

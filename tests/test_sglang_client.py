@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -14,9 +15,9 @@ import transformers
 from fake_sglang_server import FakeSGLangServer
 from rised_jax import model as rised_model
 from rised_jax.rollout import http_retry
-from rised_jax.rollout.base import GenerationRequest, SamplingParams
-from rised_jax.rollout.sglang_engine import (SGLangEngine, SGLangError, parse_generate_response,
-                                             validate_request)
+from rised_jax.rollout.base import GenerationFailed, GenerationRequest, SamplingParams
+from rised_jax.rollout.sglang_engine import (SGLangEngine, SGLangError, SGLangGenerationFailed,
+                                             parse_generate_response, validate_request)
 
 GREEDY = SamplingParams(max_new_tokens=4, temperature=0.0)
 
@@ -43,6 +44,8 @@ def fake(server):
   server.logprob_snapshots = False
   server.has_weight_endpoint = True
   server.weight_loader = None
+  server.retry_after = None
+  server.drip_s = 0.05
   return server
 
 
@@ -176,14 +179,159 @@ def test_parse_rejects_responses_that_break_the_schema(bad, message):
     ("abort", "aborted the request: injected abort"),
 ])
 def test_schema_faults_are_clear_errors_naming_the_request(engine, fake, fault, message):
-  fake.inject("/generate", fault)
+  # Issue 9: a reply that breaks the schema is asked for again (1 + max_retries=3 attempts).
+  fake.inject("/generate", fault, times=4)
   with pytest.raises(SGLangError) as error:
     engine.generate([GenerationRequest(prompt_ids=[1, 2, 3], params=GREEDY)])
-  assert message in str(error.value) and "request 0" in str(error.value)
-  assert len(fake.calls_to("/generate")) == 1   # a wrong answer is not retried
+  text = str(error.value)
+  assert message in text and "request 0" in text and "gave up after 4 attempts" in text
+  assert len(fake.calls_to("/generate")) == 4
+
+
+# -- impossible replies (issue 9): validated, retried, then reported per request --------------
+
+VOCAB = 124   # the tiny model's vocabulary
+
+
+@pytest.fixture(scope="module")
+def small_server():
+  with FakeSGLangServer(vocab_size=VOCAB) as fake:
+    yield fake
+
+
+@pytest.fixture
+def small(small_server):
+  small_server.reset()
+  return small_server
+
+
+IMPOSSIBLE = [
+    ("bad_token", f"output_ids[0]=1000000 outside the vocabulary [0, {VOCAB})"),
+    ("nan_logprob", "output_token_logprobs[0] is nan; a log-probability is finite and <= 0"),
+    ("positive_logprob", "output_token_logprobs[0] is 50.0; a log-probability is finite"),
+    ("too_many", "54 output tokens for max_new_tokens=4"),
+    ("short_logprobs", "has 3 entries for 4 output tokens"),
+]
+
+
+@pytest.mark.parametrize("fault, message", IMPOSSIBLE)
+def test_impossible_replies_are_retried_then_fail_naming_the_request(small, fault, message):
+  small.inject("/generate", fault, times=3)
+  with SGLangEngine(small.url, vocab_size=VOCAB, max_retries=2, backoff_s=0.001) as client:
+    with pytest.raises(SGLangError) as error:
+      client.generate([GenerationRequest(prompt_ids=[1, 2, 3], params=GREEDY)])
+    assert (client.server_retries, client.failed_requests) == (2, 1)
+  text = str(error.value)
+  assert message in text and "request 0" in text and "gave up after 3 attempts" in text
+  assert len(small.calls_to("/generate")) == 3
+
+
+@pytest.mark.parametrize("fault", [fault for fault, _ in IMPOSSIBLE])
+def test_one_impossible_reply_is_replaced_by_the_retry(small, fault):
+  small.inject("/generate", fault)
+  with SGLangEngine(small.url, vocab_size=VOCAB, max_retries=2, backoff_s=0.001) as client:
+    (result,) = client.generate([GenerationRequest(prompt_ids=[1, 2, 3], params=GREEDY)])
+    assert (client.server_retries, client.failed_requests) == (1, 0)
+  tokens = fake_tokens([1, 2, 3], 4, vocab=VOCAB)
+  assert result.output_ids == tokens.tolist()
+  np.testing.assert_allclose(result.logprobs, fake_logprobs(tokens), rtol=0, atol=1e-12)
+
+
+def test_a_failed_request_leaves_the_others_results(small):
+  # One request at a time, so request 0 meets all three faulty replies.
+  small.inject("/generate", "bad_token", times=3)
+  requests = [GenerationRequest(prompt_ids=[i + 1], params=GREEDY) for i in range(3)]
+  with SGLangEngine(small.url, vocab_size=VOCAB, max_concurrency=1, max_retries=2,
+                    backoff_s=0.001) as client:
+    with pytest.raises(SGLangGenerationFailed, match="1 of 3 SGLang requests failed") as error:
+      client.generate(requests)
+  assert isinstance(error.value, GenerationFailed)
+  assert error.value.results[0] is None
+  assert [r.output_ids for r in error.value.results[1:]] == [
+      fake_tokens([i + 1], 4, vocab=VOCAB).tolist() for i in (1, 2)]
+
+
+def test_parse_bounds_are_optional_but_negative_ids_never_pass():
+  entries = [[-0.5, 300, "a"]]
+  assert parse_generate_response(response([300], entries)).output_ids == [300]
+  with pytest.raises(SGLangError, match=r"output_ids\[0\]=300 outside the vocabulary"):
+    parse_generate_response(response([300], entries), vocab_size=VOCAB)
+  with pytest.raises(SGLangError, match=r"output_ids\[0\]=-1 outside"):
+    parse_generate_response(response([-1], [[-0.5, -1, "a"]]))
+  # Rounding above 0 within LOGPROB_SLACK is a log-prob; more is not.
+  assert parse_generate_response(response([3], [[5e-5, 3, "a"]])).logprobs == [5e-5]
+  with pytest.raises(SGLangError, match="is 0.001; a log-probability"):
+    parse_generate_response(response([3], [[1e-3, 3, "a"]]))
 
 
 # -- faults and retries ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("fault", ["http429", "http408", "http503"])
+def test_rate_limits_and_timeouts_are_retried_after_retry_after(fake, fault):
+  fake.retry_after = "1"   # seconds; the client's own backoff here is at most 0.01 s
+  fake.inject("/generate", fault)
+  with SGLangEngine(fake.url, timeout_s=5.0, max_retries=2, backoff_s=0.01) as client:
+    start = time.monotonic()
+    (result,) = client.generate([GenerationRequest(prompt_ids=[1, 2, 3], params=GREEDY)])
+    waited = time.monotonic() - start
+    assert client.server_retries == 1
+  assert result.output_ids == [37, 68, 99, 130]
+  assert len(fake.calls_to("/generate")) == 2
+  assert 1.0 <= waited < 4.0
+
+
+def test_retry_after_beyond_the_longest_wait_gives_up_at_once(fake):
+  fake.retry_after = "120"
+  fake.inject("/generate", "http429")
+  with SGLangEngine(fake.url, max_retries=3, backoff_s=0.01, max_backoff_s=30.0) as client:
+    start = time.monotonic()
+    with pytest.raises(SGLangError, match=r"HTTP 429.*asked to retry after 120 s, more than "
+                                          r"max_backoff_s=30; gave up after 1 attempts"):
+      client.generate([GenerationRequest(prompt_ids=[1], params=GREEDY)])
+  assert time.monotonic() - start < 2.0 and len(fake.calls_to("/generate")) == 1
+
+
+def test_retry_after_sets_the_least_wait():
+  policy = http_retry.RetryPolicy(max_retries=2, backoff_s=0.5, max_backoff_s=30.0)
+  errors = [http_retry.HTTPRequestError("POST", "u", 429, "slow down", retryable=True,
+                                        retry_after=7.0),
+            http_retry.HTTPRequestError("POST", "u", 503, "busy", retryable=True)]
+  slept = []
+
+  def flaky():
+    if errors:
+      raise errors.pop(0)
+    return "ok"
+
+  assert http_retry.call_with_retry(flaky, policy, sleep=slept.append,
+                                    uniform=lambda low, high: high) == "ok"
+  assert slept == [7.0, 1.0]   # Retry-After, then the jitter's top for retry 1
+  assert http_retry.parse_retry_after("3") == 3.0
+  assert http_retry.parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0   # past
+  assert http_retry.parse_retry_after("soon") is None and http_retry.parse_retry_after(None) is None
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_the_deadline_bounds_a_server_that_drips_its_answer(fake, retries):
+  # ~300 bytes at one per 0.05 s would take ~15 s; each attempt must end at its 0.5 s deadline.
+  fake.inject("/generate", "drip", times=retries + 1)
+  with SGLangEngine(fake.url, timeout_s=0.5, max_retries=retries, backoff_s=0.01) as client:
+    start = time.monotonic()
+    with pytest.raises(SGLangError, match=r"timed out after 0.5 s \(the deadline of the whole "
+                                          rf"request\).*gave up after {retries + 1} attempts"):
+      client.generate([GenerationRequest(prompt_ids=[1, 2, 3], params=GREEDY)])
+    elapsed = time.monotonic() - start
+  assert elapsed < 0.5 * (retries + 1) + 1.0
+  assert len(fake.calls_to("/generate")) == retries + 1
+
+
+def test_a_dripping_answer_within_the_deadline_is_read_whole(fake):
+  fake.drip_s = 0.0005
+  fake.inject("/generate", "drip")
+  with SGLangEngine(fake.url, timeout_s=5.0, max_retries=0) as client:
+    (result,) = client.generate([GenerationRequest(prompt_ids=[1, 2, 3], params=GREEDY)])
+  assert result.output_ids == [37, 68, 99, 130]
+
 
 @pytest.mark.parametrize("fault", ["http500", "drop", "delay", "truncate", "bad_json"])
 def test_transient_faults_are_retried_then_succeed(fake, fault):
@@ -229,10 +377,11 @@ def test_server_side_validation_error_surfaces(engine, fake):
   assert len(fake.calls_to("/generate")) == 1
 
 
-def test_backoff_is_exponential_and_capped():
-  policy = http_retry.RetryPolicy(max_retries=5, backoff_s=0.5, multiplier=2.0, max_backoff_s=3.0)
-  assert policy.delays() == [0.5, 1.0, 2.0, 3.0, 3.0]
-  slept, attempts = [], []
+def test_backoff_is_exponential_capped_and_jittered():
+  # Issue 9: the waits are drawn from [0, min(backoff_s * 2**i, max_backoff_s)] (full jitter).
+  policy = http_retry.RetryPolicy(max_retries=5, backoff_s=0.5, max_backoff_s=3.0)
+  assert [policy.wait_cap(i) for i in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+  slept, attempts, draws = [], [], []
 
   def flaky():
     attempts.append(1)
@@ -240,8 +389,20 @@ def test_backoff_is_exponential_and_capped():
       raise http_retry.HTTPRequestError("POST", "u", 503, "busy", retryable=True)
     return "ok"
 
-  assert http_retry.call_with_retry(flaky, policy, sleep=slept.append) == "ok"
-  assert slept == [0.5, 1.0, 2.0]
+  def top_of_range(low, high):
+    draws.append((low, high))
+    return high
+
+  assert http_retry.call_with_retry(flaky, policy, sleep=slept.append,
+                                    uniform=top_of_range) == "ok"
+  assert draws == [(0.0, 0.5), (0.0, 1.0), (0.0, 2.0)] and slept == [0.5, 1.0, 2.0]
+  # With the real random source every wait stays in its range and they are not all equal.
+  slept.clear()
+  for _ in range(20):
+    attempts.clear()
+    http_retry.call_with_retry(flaky, policy, sleep=slept.append)
+  caps = [0.5, 1.0, 2.0] * 20
+  assert all(0 <= wait <= cap for wait, cap in zip(slept, caps)) and len(set(slept)) > 50
 
 
 def test_connection_refused_is_retried_then_reported(fake):

@@ -11,9 +11,14 @@ Stages, each a component chosen by the config:
              behaviour log-probs from the sampler for the truncated importance weight (§2.6),
              teacher rows = teacher prefix ⊕ the same response;
   observe    the guidance memory folds in the pool's negative tags.
+
+A rollout group spoilt by a failed engine request is dropped from the pool (`AgentLoop`); the
+step's metrics count it with the engine's retries and the rollouts the judge left unjudged
+(`rollout/groups_dropped`, `rollout/server_retries`, `judge/failed`).
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -22,11 +27,12 @@ from rised_jax import evaluate, rubrics, select, teach
 from rised_jax.learn import advantages as advantages_lib
 from rised_jax.learn.batching import Row
 from rised_jax.rollout.agent_loop import AgentLoop, make_env
-from rised_jax.rollout.base import SamplingParams
+from rised_jax.rollout.base import SamplingParams, server_retries
 from rised_jax.rollout.text import text_generator
 from rised_jax.tasks import TaskStream
 from rised_jax.types import Group
 
+log = logging.getLogger(__name__)
 
 def agent_loop(config, engine, tokenizer, temperature: float) -> AgentLoop:
   return AgentLoop(engine, tokenizer,
@@ -60,14 +66,23 @@ class AgenticPipeline:
                      if config.guidance.enabled else None)
     self.tasks = TaskStream(config.envs.names, config.envs.difficulty.to_dict(),
                             seed=config.seed, eval_seed_offset=config.eval.seed_offset)
+    self.faults: dict[str, float] = {}   # the last roll-out's fault counters
 
   def roll_out(self, step: int) -> list[Group]:
     tasks = self.tasks.next(self.config.select.pool_groups)
     hints = None
     if self.guidance is not None:
       hints = {env: self.guidance.hint(env) for env in self.config.envs.names}
-    return self.loop.run(tasks, self.config.rollout.group_size, hints=hints,
+    retries = server_retries(self.loop.engine)
+    pool = self.loop.run(tasks, self.config.rollout.group_size, hints=hints,
                          seed=self.config.seed * 1_000_003 + step)
+    self.faults = {"rollout/server_retries": float(server_retries(self.loop.engine) - retries),
+                   "rollout/groups_dropped": float(self.loop.groups_dropped)}
+    if not pool:
+      raise RuntimeError(f"step {step}: every one of the {len(tasks)} rollout groups was "
+                         "dropped because engine requests failed after their retries (see the "
+                         "log for the server's errors)")
+    return pool
 
   def judge(self, pool: list[Group]) -> dict[str, float]:
     stats = self.judge_backend.judge(pool)
@@ -117,10 +132,14 @@ class AgenticPipeline:
       self.guidance.update(pool)
 
   def evaluate(self) -> dict[str, dict[str, float]]:
-    return evaluate.evaluate(self.eval_loop, self.config.envs.names,
-                             self.config.envs.difficulty.to_dict(),
-                             episodes=self.config.eval.episodes_per_env,
-                             seed_offset=self.config.eval.seed_offset, seed=self.config.seed)
+    results = evaluate.evaluate(self.eval_loop, self.config.envs.names,
+                                self.config.envs.difficulty.to_dict(),
+                                episodes=self.config.eval.episodes_per_env,
+                                seed_offset=self.config.eval.seed_offset, seed=self.config.seed)
+    if self.eval_loop.groups_dropped:   # the results' episode counts show which envs lost them
+      log.warning("evaluation: %d episodes dropped after failed engine requests",
+                  self.eval_loop.groups_dropped)
+    return results
 
   def metrics(self, pool: Sequence[Group], selected: Sequence[Group]) -> dict[str, float]:
     metrics = {}
@@ -134,6 +153,8 @@ class AgenticPipeline:
     metrics["rollout/agent_tokens"] = float(sum(t.num_agent_tokens for t in trajectories))
     metrics["rollout/truncated"] = float(np.mean([t.truncated for t in trajectories]))
     metrics["rollout/hinted"] = float(np.mean([bool(t.hint) for t in trajectories]))
+    metrics["judge/failed"] = float(sum(t.untagged for t in trajectories))
+    metrics.update(self.faults)
     return metrics
 
   def host_state(self) -> Mapping[str, Any]:

@@ -24,7 +24,9 @@ Stages:
              positive criteria met and the pitfall rate (the run log's eval.jsonl keeps the pass
              rates; `trainer.train` and `rised-eval` return everything);
   metrics    CriPO's diagnostics of every step (samples with ≥ 1 UC, with ≥ 1 SC, SC per sample;
-             the step adds `kept_frac` and `flip_frac`), reward, pass rate, unusable answers.
+             the step adds `kept_frac` and `flip_frac`), reward, pass rate, unusable answers,
+             and the fault counters: groups dropped because an engine request failed after its
+             retries (never trained on in part), the engine's retries, unjudged answers.
 
 Which branches run is the config's (`rubric.uc_branch`, `rubric.sc_branch`, with the matching
 step settings; the presets `cripo`, `cripo_u`, `cripo_s` and `grpo_rubric` of `rised_jax.config`).
@@ -44,7 +46,8 @@ from rised_jax import rubric_tasks
 from rised_jax.learn import cripo
 from rised_jax.learn.batching import Row
 from rised_jax.rollout.agent_loop import sampling_seed
-from rised_jax.rollout.base import GenerationRequest, SamplingParams
+from rised_jax.rollout.base import (GenerationRequest, SamplingParams, generate_or_none,
+                                    server_retries)
 from rised_jax.rubrics import criteria as criteria_lib
 from rised_jax.runlog import wilson_interval
 from rised_jax.teach import cripo_prefix
@@ -212,6 +215,7 @@ class RubricPipeline:
       options["generate_text"] = text_generator(engine, tokenizer,
                                                 max_new_tokens=rc.judge.max_new_tokens)
     self.judge_backend = criteria_lib.make_criteria_judge(rc.judge.backend, **options)
+    self.faults: dict[str, float] = {}   # the last roll-out's fault counters
 
   # ---- prompts ----------------------------------------------------------------------------
 
@@ -261,15 +265,24 @@ class RubricPipeline:
     requests = [GenerationRequest(self.prompt_ids[i], self.sampling,
                                   seed=sampling_seed(run_seed, task, rollout, 0))
                 for i, task in zip(indices, tasks) for rollout in range(group_size)]
-    results = self.engine.generate(requests)
+    retries = server_retries(self.engine)
+    results = generate_or_none(self.engine, requests)
     if len(results) != len(requests):
       raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
     groups = []
     for k, (i, task) in enumerate(zip(indices, tasks)):
       mine = results[k * group_size:(k + 1) * group_size]
+      if any(r is None for r in mine):   # a request failed: the whole group is dropped
+        continue
       groups.append(RubricGroup(task=task, rubric=self.task_set.tasks[i],
                                 trajectories=[self._trajectory(task, self.prompt_ids[i], r)
                                               for r in mine]))
+    self.faults = {"rollout/server_retries": float(server_retries(self.engine) - retries),
+                   "rollout/groups_dropped": float(len(tasks) - len(groups))}
+    if not groups:
+      raise RuntimeError(f"step {step}: every one of the {len(tasks)} rollout groups was "
+                         "dropped because engine requests failed after their retries (see the "
+                         "log for the server's errors)")
     return groups
 
   def _trajectory(self, task: Task, prompt: list[int], result) -> Trajectory:
@@ -426,6 +439,8 @@ class RubricPipeline:
         "rollout/unusable": float(np.mean([t.untagged for t in trajectories])),
         "rollout/answer_tokens": float(np.mean([t.num_agent_tokens for t in trajectories])),
         "rollout/truncated": float(np.mean([t.truncated for t in trajectories])),
+        "judge/failed": float(sum(t.untagged for t in trajectories)),
+        **self.faults,
     }
     if judged:
       metrics["rollout/reward"] = float(np.mean([t.reward for t in judged]))

@@ -26,6 +26,10 @@ budget `max_total_tokens` bounds the whole transcript: a turn may generate at mo
 min(max_new_tokens_per_turn, tokens left), and an episode whose next observation would leave
 no room for one more agent token ends truncated without appending it.
 
+Failed requests: a request the engine gives up on (after its retries; `GenerationFailed`)
+ends its episode, and the episode's whole group is left out of `run`'s result (never trained
+on in part); `groups_dropped` counts them for the last `run`.
+
 Seeds: every rollout of a task plays the environment episode `task.seed`; the engine seed of
 rollout i at turn t is a hash of (run seed, task, i, t), so a run is reproducible and the G
 rollouts of a group differ.
@@ -39,7 +43,8 @@ from typing import Mapping, Sequence
 
 from rised_jax import envs
 from rised_jax.model.tokenizer import Tokenizer
-from rised_jax.rollout.base import Engine, GenerationRequest, GenerationResult, SamplingParams
+from rised_jax.rollout.base import (Engine, GenerationRequest, GenerationResult, SamplingParams,
+                                    generate_or_none)
 from rised_jax.rollout.chat import ChatFormat, join_system_text
 from rised_jax.types import Group, Task, Trajectory, Turn
 
@@ -73,6 +78,7 @@ class _Episode:
   success: bool = False
   truncated: bool = False
   done: bool = False
+  failed: bool = False   # a request of this episode failed: its group is dropped
 
   def to_trajectory(self) -> Trajectory:
     return Trajectory(task=self.task, token_ids=self.token_ids, loss_mask=self.loss_mask,
@@ -125,6 +131,7 @@ class AgentLoop:
     if len(self.chat.end_of_turn_ids) == 1 and self.chat.end_of_turn_ids[0] not in stops:
       stops += self.chat.end_of_turn_ids
     self.sampling = dataclasses.replace(sampling, stop_token_ids=stops)
+    self.groups_dropped = 0   # groups left out of the last `run` (a request failed)
 
   def _check_engine_limits(self, engine: Engine) -> None:
     """Fails now, not turns into a run, when an engine with fixed buckets (JaxEngine) could
@@ -168,15 +175,20 @@ class AgentLoop:
       reset()
     live = list(episodes)
     while live:
-      results = self.engine.generate([self._request(e, seed) for e in live])
+      results = generate_or_none(self.engine, [self._request(e, seed) for e in live])
       if len(results) != len(live):
         raise RuntimeError(f"engine returned {len(results)} results for {len(live)} requests")
       for episode, result in zip(live, results):
-        self._advance(episode, result)
+        if result is None:
+          episode.failed = episode.done = True
+        else:
+          self._advance(episode, result)
       live = [e for e in live if not e.done]
-    return [Group(task=task, trajectories=[e.to_trajectory() for e in
-                                           episodes[i * group_size:(i + 1) * group_size]])
-            for i, task in enumerate(tasks)]
+    groups = [episodes[i * group_size:(i + 1) * group_size] for i in range(len(tasks))]
+    kept = [Group(task=task, trajectories=[e.to_trajectory() for e in group])
+            for task, group in zip(tasks, groups) if not any(e.failed for e in group)]
+    self.groups_dropped = len(tasks) - len(kept)
+    return kept
 
   # ---- one episode ---------------------------------------------------------------------------
 

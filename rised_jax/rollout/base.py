@@ -28,10 +28,35 @@ class GenerationResult:
   finish_reason: str             # "stop" (a stop token) or "length" (max_new_tokens)
 
 
+class GenerationFailed(RuntimeError):
+  """Some requests of one `generate` call failed (after the engine's retries). `results` has
+  one entry per request: the result, or None where that request failed."""
+
+  def __init__(self, message: str, *, results: Sequence[GenerationResult | None]):
+    super().__init__(message)
+    self.results = list(results)
+
+
+def generate_or_none(engine: Engine, requests: Sequence[GenerationRequest]
+                     ) -> list[GenerationResult | None]:
+  """`engine.generate(requests)`, with None in place of each request that failed: for callers
+  that drop what a failed request spoils (a rollout group) and go on with the rest."""
+  try:
+    return engine.generate(requests)
+  except GenerationFailed as failure:
+    return failure.results
+
+
+def server_retries(engine: Any) -> int:
+  """Retried server requests of an engine since it was built (0 for an in-process one)."""
+  return int(getattr(engine, "server_retries", 0))
+
+
 class Engine(Protocol):
   """A batched token-in, token-out sampler."""
 
   def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+    """One result per request, in order; raises `GenerationFailed` when some failed."""
     ...
 
   def update_weights(self, model: Any, version: int) -> None:

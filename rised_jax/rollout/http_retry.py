@@ -1,12 +1,27 @@
-"""JSON over HTTP with timeouts and retries, for clients of model servers (SGLang, judges).
+"""HTTP with an overall deadline per request, and the one retry policy of every client of a
+model server (the SGLang engine and the LLM judges).
 
-Standard library only (urllib), so no client library has to be pinned. One call = one request
-with a timeout; `call_with_retry` repeats a call on *transient* failures with exponential backoff:
+Transport: `request` / `request_json` send one JSON request with the standard library's
+http.client, so no HTTP client has to be pinned. `timeout_s` is a deadline for the whole
+exchange (connect, send, status line, headers, body), not for each socket read: a timer shuts
+the socket down when it expires, so a server that drips one byte at a time cannot hold a
+request past it.
 
-  retried:      connection refused/reset/dropped, timeouts, HTTP 5xx, a body that is not
-                complete, valid JSON when JSON was expected
-  not retried:  HTTP 4xx (the request itself is wrong: retrying cannot help); the error carries
-                the server's own message
+Retries (`call_with_retry`, built on tenacity): a call is repeated while its error is
+transient, at most `RetryPolicy.max_retries` times:
+
+  retried:      connection refused/reset/dropped, deadline exceeded, HTTP 408, 429 and 5xx, a
+                body that is not complete, valid JSON when JSON was expected (and whatever else
+                the caller's `is_transient` accepts: the SGLang engine adds replies that break
+                its contract, the judges their clients' transport errors)
+  not retried:  any other 4xx (the request itself is wrong: retrying cannot help); the error
+                carries the server's own message
+
+The wait before retry i (0-based) is drawn uniformly from [0, min(backoff_s · 2^i,
+max_backoff_s)] ("full jitter", so clients that failed together do not retry together), and is
+at least the server's Retry-After when it sent one. A Retry-After above `max_backoff_s` ends
+the retries at once: waiting less would be refused again. So one call lasts at most
+(max_retries + 1) · timeout_s + max_retries · max_backoff_s.
 
 Every failure is an `HTTPRequestError` naming the method, URL, status and the server's message.
 """
@@ -15,28 +30,52 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
+import random
 import socket
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from typing import Any, Callable, TypeVar
+
+import tenacity
+import urllib3.exceptions
+import urllib3.util.retry
 
 T = TypeVar("T")
 
 # How much of an error body goes into an exception message.
 _MAX_MESSAGE_CHARS = 2000
+_RETRY_AFTER = urllib3.util.retry.Retry(0)   # only its Retry-After parser (seconds or a date)
+
+
+def is_retryable_status(status: int) -> bool:
+  """HTTP statuses worth another attempt: timeout (408), rate limit (429), server errors."""
+  return status in (408, 429) or 500 <= status <= 599
+
+
+def parse_retry_after(value: str | None) -> float | None:
+  """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date); None when
+  absent or unreadable."""
+  if value is None:
+    return None
+  try:
+    return float(_RETRY_AFTER.parse_retry_after(value))
+  except urllib3.exceptions.InvalidHeader:
+    return None
 
 
 class HTTPRequestError(RuntimeError):
-  """A failed HTTP exchange. `status` is None when no HTTP response came back at all."""
+  """A failed HTTP exchange. `status` is None when no HTTP response came back at all;
+  `retry_after` is the server's Retry-After in seconds, if it sent one."""
 
   def __init__(self, method: str, url: str, status: int | None, message: str, *,
-               retryable: bool):
+               retryable: bool, retry_after: float | None = None):
     self.method = method
     self.url = url
     self.status = status
     self.message = message
     self.retryable = retryable
+    self.retry_after = retry_after
     where = f"{method} {url}"
     what = f"HTTP {status}" if status is not None else "no response"
     super().__init__(f"{where} failed ({what}): {message}")
@@ -44,50 +83,80 @@ class HTTPRequestError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class RetryPolicy:
-  """Attempts = 1 + max_retries; the wait before retry i (0-based) is
-  min(backoff_s * multiplier**i, max_backoff_s)."""
+  """Attempts = 1 + max_retries; waits as in the module docstring."""
 
   max_retries: int = 3
   backoff_s: float = 0.5
-  multiplier: float = 2.0
   max_backoff_s: float = 30.0
 
   def __post_init__(self):
-    if self.max_retries < 0:
-      raise ValueError(f"RetryPolicy.max_retries must be >= 0, got {self.max_retries}")
-    if self.backoff_s < 0 or self.max_backoff_s < 0:
+    if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or \
+        self.max_retries < 0:
+      raise ValueError(f"RetryPolicy.max_retries must be >= 0 (an integer), got "
+                       f"{self.max_retries!r}")
+    if not (self.backoff_s >= 0 and self.max_backoff_s >= 0):   # also rejects NaN
       raise ValueError(f"RetryPolicy backoff must be >= 0, got backoff_s={self.backoff_s}, "
                        f"max_backoff_s={self.max_backoff_s}")
-    if self.multiplier < 1:
-      raise ValueError(f"RetryPolicy.multiplier must be >= 1, got {self.multiplier}")
 
-  def delays(self) -> list[float]:
-    """The waits before each retry, in order."""
-    return [min(self.backoff_s * self.multiplier**i, self.max_backoff_s)
-            for i in range(self.max_retries)]
+  def wait_cap(self, retry: int) -> float:
+    """The upper end of the jittered wait before retry `retry` (0-based)."""
+    return min(self.backoff_s * 2.0**retry, self.max_backoff_s)
+
+
+def _http_transient(error: BaseException) -> bool:
+  return isinstance(error, HTTPRequestError) and error.retryable
+
+
+def _http_retry_after(error: BaseException) -> float | None:
+  return error.retry_after if isinstance(error, HTTPRequestError) else None
 
 
 def call_with_retry(call: Callable[[], T], policy: RetryPolicy, *,
-                    sleep: Callable[[float], None] = time.sleep) -> T:
-  """Runs `call`, retrying it while it raises a retryable `HTTPRequestError`.
+                    is_transient: Callable[[BaseException], bool] = _http_transient,
+                    retry_after: Callable[[BaseException], float | None] = _http_retry_after,
+                    on_retry: Callable[[BaseException, float], None] | None = None,
+                    sleep: Callable[[float], None] = time.sleep,
+                    uniform: Callable[[float, float], float] | None = None) -> T:
+  """Runs `call`, retrying it while it raises an error that `is_transient` accepts.
 
-  When the retries are spent, the last error is raised again with the attempt count added
-  to its message; a non-retryable error is raised at once.
+  `on_retry(error, wait_s)` is called before each wait (for counters and logs). When the
+  retries are spent (or a Retry-After is too long), an `HTTPRequestError` is raised again with
+  the attempt count added to its message, any other error as it is; an error that is not
+  transient is raised at once. `sleep` and `uniform` (the jitter's random draw) are for tests.
   """
-  delays = policy.delays()
-  for attempt in range(len(delays) + 1):
-    try:
-      return call()
-    except HTTPRequestError as error:
-      if not error.retryable:
-        raise
-      if attempt == len(delays):
-        raise HTTPRequestError(
-            error.method, error.url, error.status,
-            f"{error.message} (gave up after {attempt + 1} attempts)",
-            retryable=True) from error
-      sleep(delays[attempt])
-  raise AssertionError("unreachable: the loop returns or raises")
+  draw = uniform or random.uniform
+
+  def wait(state: tenacity.RetryCallState) -> float:
+    error = state.outcome.exception()
+    jittered = draw(0.0, policy.wait_cap(state.attempt_number - 1))
+    return max(jittered, retry_after(error) or 0.0)
+
+  def stop(state: tenacity.RetryCallState) -> bool:
+    return (state.attempt_number > policy.max_retries or
+            state.upcoming_sleep > policy.max_backoff_s)
+
+  def before_sleep(state: tenacity.RetryCallState) -> None:
+    if on_retry is not None:
+      on_retry(state.outcome.exception(), state.upcoming_sleep)
+
+  retrying = tenacity.Retrying(sleep=sleep, wait=wait, stop=stop,
+                               retry=tenacity.retry_if_exception(is_transient),
+                               before_sleep=before_sleep)
+  try:
+    return retrying(call)
+  except tenacity.RetryError as gave_up:
+    last = gave_up.last_attempt
+    error = last.exception()
+    if not isinstance(error, HTTPRequestError):
+      raise error from None
+    asked = retry_after(error)
+    why = (f"the server asked to retry after {asked:g} s, more than max_backoff_s="
+           f"{policy.max_backoff_s:g}; " if asked is not None and asked > policy.max_backoff_s
+           else "")
+    raise HTTPRequestError(
+        error.method, error.url, error.status,
+        f"{error.message} ({why}gave up after {last.attempt_number} attempts)",
+        retryable=True, retry_after=error.retry_after) from error
 
 
 def _error_message(body: bytes) -> str:
@@ -95,7 +164,7 @@ def _error_message(body: bytes) -> str:
   text = body.decode("utf-8", errors="replace").strip()
   try:
     parsed = json.loads(text)
-  except ValueError:
+  except (ValueError, RecursionError):
     return text[:_MAX_MESSAGE_CHARS] or "(empty body)"
   if isinstance(parsed, dict):
     error = parsed.get("error")
@@ -107,12 +176,41 @@ def _error_message(body: bytes) -> str:
   return text[:_MAX_MESSAGE_CHARS]
 
 
+class _Deadline:
+  """Shuts a connection's socket down when `seconds` have passed since `start`: a blocked
+  read then returns at once, whatever the server is (slowly) sending."""
+
+  def __init__(self, connection: http.client.HTTPConnection, start: float, seconds: float):
+    self.expired = False
+    self._connection = connection
+    self._lock = threading.Lock()
+    self._timer = threading.Timer(max(0.0, start + seconds - time.monotonic()), self._expire)
+    self._timer.daemon = True
+    self._timer.start()
+
+  def _expire(self) -> None:
+    with self._lock:
+      self.expired = True
+      sock = self._connection.sock
+      if sock is not None:
+        try:
+          sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+          pass   # already closed
+
+  def cancel(self) -> bool:
+    """Stops the timer; True when the deadline had already expired."""
+    self._timer.cancel()
+    with self._lock:
+      return self.expired
+
+
 def request(method: str, url: str, payload: Any = None, *, timeout_s: float) -> bytes:
   """One HTTP request (JSON body when `payload` is not None); returns the 2xx response body.
 
-  `timeout_s` bounds each blocking socket operation (connect, each read), as in urllib.
-  Raises HTTPRequestError: retryable for transport failures, timeouts, 5xx and incomplete
-  bodies; not retryable for 4xx.
+  `timeout_s` bounds the whole exchange (module docstring). Raises HTTPRequestError: retryable
+  for transport failures, the deadline, 408/429/5xx and incomplete bodies; not retryable for
+  the other statuses.
   """
   return _send(method, url, payload, timeout_s)[1]
 
@@ -121,29 +219,46 @@ def _send(method: str, url: str, payload: Any, timeout_s: float) -> tuple[int, b
   """`request`, also returning the status code."""
   data = None if payload is None else json.dumps(payload).encode("utf-8")
   headers = {"Content-Type": "application/json"} if data is not None else {}
-  req = urllib.request.Request(url, data=data, method=method, headers=headers)
+  parts = urllib.parse.urlsplit(url)
+  target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+  kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+  start = time.monotonic()
+  connection = kind(parts.hostname, parts.port, timeout=timeout_s)
+  deadline = None
+  late = HTTPRequestError(method, url, None, f"timed out after {timeout_s:g} s (the deadline "
+                          "of the whole request)", retryable=True)
   try:
-    with urllib.request.urlopen(req, timeout=timeout_s) as response:
-      return response.status, response.read()
-  except urllib.error.HTTPError as error:
-    body = error.read() if error.fp is not None else b""
-    raise HTTPRequestError(method, url, error.code, _error_message(body),
-                           retryable=error.code >= 500) from error
+    connection.connect()
+    deadline = _Deadline(connection, start, timeout_s)
+    connection.request(method, target, body=data, headers=headers)
+    response = connection.getresponse()
+    status, body = response.status, response.read()
+    retry_after = parse_retry_after(response.getheader("Retry-After"))
   except http.client.IncompleteRead as error:
+    if deadline is not None and deadline.cancel():
+      raise late from error
     raise HTTPRequestError(
         method, url, None,
         f"response body cut short ({len(error.partial)} bytes read)", retryable=True) from error
   except (TimeoutError, socket.timeout) as error:
     raise HTTPRequestError(method, url, None, f"timed out after {timeout_s:g} s",
                            retryable=True) from error
-  except urllib.error.URLError as error:
-    # Connection refused, DNS failure, a timeout while connecting.
-    raise HTTPRequestError(method, url, None, f"connection failed: {error.reason}",
-                           retryable=True) from error
   except (ConnectionError, http.client.HTTPException, OSError) as error:
-    # The peer dropped the connection mid-exchange (RemoteDisconnected, reset, bad status line).
-    raise HTTPRequestError(method, url, None, f"connection error: {error!r}",
-                           retryable=True) from error
+    # Refused, DNS failure, the peer dropped the connection mid-exchange, or our deadline.
+    if deadline is not None and deadline.cancel():
+      raise late from error
+    what = "connection failed" if deadline is None else "connection error"
+    raise HTTPRequestError(method, url, None, f"{what}: {error!r}", retryable=True) from error
+  finally:
+    if deadline is not None:
+      deadline.cancel()
+    connection.close()
+  if deadline.cancel():
+    raise late   # the body may have been cut at the deadline without an error
+  if not 200 <= status < 300:
+    raise HTTPRequestError(method, url, status, _error_message(body),
+                           retryable=is_retryable_status(status), retry_after=retry_after)
+  return status, body
 
 
 def request_json(method: str, url: str, payload: Any = None, *, timeout_s: float) -> Any:
@@ -152,7 +267,7 @@ def request_json(method: str, url: str, payload: Any = None, *, timeout_s: float
   status, body = _send(method, url, payload, timeout_s)
   try:
     return json.loads(body)
-  except ValueError as error:
+  except (ValueError, RecursionError) as error:
     preview = body[:200].decode("utf-8", errors="replace")
     raise HTTPRequestError(method, url, status,
                            f"response is not valid JSON ({error}); body starts {preview!r}",

@@ -38,10 +38,19 @@ Semantics the caller should know:
   * sglang-jax repeats earlier snapshots in `output_token_logprobs` once an output exceeds
     ~50 tokens; the last `completion_tokens` entries are the right ones, and their token ids
     are checked against `output_ids`.
+  * A reply is validated before anything uses it: every token id inside the vocabulary
+    (`vocab_size`), every log-prob finite and <= 0 (up to `LOGPROB_SLACK` of rounding), no more
+    tokens than `max_new_tokens`, one log-prob per token. A reply that fails is asked for again
+    (a fresh sample), like a transient HTTP failure; a request that still fails after its
+    retries is reported by `generate` as `GenerationFailed` carrying every other result, so
+    the caller drops the groups it spoils instead of training on part of one.
+  * `server_retries` and `failed_requests` count, since construction, the retried attempts and
+    the requests given up on (the pipelines log them per step).
 """
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import math
 import numbers
 import os
@@ -54,14 +63,21 @@ import uuid
 from typing import Any, Mapping, Sequence
 
 from rised_jax.rollout import http_retry
-from rised_jax.rollout.base import GenerationRequest, GenerationResult
+from rised_jax.rollout.base import GenerationFailed, GenerationRequest, GenerationResult
 
+log = logging.getLogger(__name__)
 _VERSION_DIR = re.compile(r"^v(\d+)$")
+# A log-prob may exceed 0 by this much (float32 rounding of a log-softmax near 0), no more.
+LOGPROB_SLACK = 1e-4
 
 
 class SGLangError(RuntimeError):
   """The SGLang server could not be used: unreachable, refused a request, or answered
   something that does not follow its documented schema."""
+
+
+class SGLangGenerationFailed(SGLangError, GenerationFailed):
+  """Some /generate requests of one `generate` call failed after their retries."""
 
 
 def build_generate_payload(request: GenerationRequest) -> dict[str, Any]:
@@ -130,9 +146,12 @@ def _finish_reason(meta_info: Mapping[str, Any], where: str) -> str:
                     "'stop' or 'length' (was the request finished?)")
 
 
-def parse_generate_response(response: Any, where: str = "/generate") -> GenerationResult:
+def parse_generate_response(response: Any, where: str = "/generate", *,
+                            max_new_tokens: int | None = None,
+                            vocab_size: int | None = None) -> GenerationResult:
   """Reads `output_ids`, `meta_info.output_token_logprobs` and `meta_info.finish_reason`
-  from one /generate response, checking that they agree; SGLangError when they do not."""
+  from one /generate response, checking that they agree and are possible (module docstring;
+  the token bounds when `max_new_tokens` / `vocab_size` are given); SGLangError otherwise."""
   if not isinstance(response, Mapping):
     raise SGLangError(f"{where}: expected a JSON object, got {type(response).__name__}")
   output_ids = response.get("output_ids")
@@ -141,6 +160,14 @@ def parse_generate_response(response: Any, where: str = "/generate") -> Generati
     raise SGLangError(
         f"{where}: response has no integer list 'output_ids' (got {output_ids!r:.200}); "
         "the client needs a server that returns output_ids (SGLang >= 0.4 native /generate)")
+  if max_new_tokens is not None and len(output_ids) > max_new_tokens:
+    raise SGLangError(f"{where}: {len(output_ids)} output tokens for max_new_tokens="
+                      f"{max_new_tokens}")
+  if bad := [(i, t) for i, t in enumerate(output_ids)
+             if t < 0 or (vocab_size is not None and t >= vocab_size)][:3]:
+    bound = "" if vocab_size is None else f" [0, {vocab_size})"
+    raise SGLangError(f"{where}: output_ids{''.join(f'[{i}]={t}' for i, t in bad)} outside the "
+                      f"vocabulary{bound}")
   meta_info = response.get("meta_info")
   if not isinstance(meta_info, Mapping):
     raise SGLangError(f"{where}: response has no 'meta_info' object")
@@ -167,7 +194,11 @@ def parse_generate_response(response: Any, where: str = "/generate") -> Generati
       raise SGLangError(
           f"{where}: output_token_logprobs[{position}] is for token {entry[1]!r} but "
           f"output_ids[{position}] is {token}; the server's outputs disagree")
-    logprobs.append(float(entry[0]))
+    logprob = float(entry[0])
+    if not (math.isfinite(logprob) and logprob <= LOGPROB_SLACK):
+      raise SGLangError(f"{where}: output_token_logprobs[{position}] is {logprob!r}; a "
+                        "log-probability is finite and <= 0")
+    logprobs.append(logprob)
   return GenerationResult(output_ids=list(output_ids), logprobs=logprobs,
                           finish_reason=_finish_reason(meta_info, where))
 
@@ -178,10 +209,13 @@ class SGLangEngine:
   Args:
     base_url: the server, e.g. "http://127.0.0.1:30000".
     max_concurrency: most /generate requests in flight at once (across all callers).
-    timeout_s: limit on each blocking socket operation of one HTTP call.
-    max_retries: retries of a call after a transient failure (connection error, timeout,
-      5xx, truncated or invalid JSON), with exponential backoff from `backoff_s`. 4xx
-      answers are never retried.
+    timeout_s: deadline of one HTTP call as a whole (connect, send, the full answer).
+    max_retries: retries of a call after a transient failure (connection error, deadline,
+      HTTP 408/429/5xx, truncated or invalid JSON, a /generate reply that fails validation),
+      with jittered exponential backoff from `backoff_s` (at most `max_backoff_s`) and the
+      server's Retry-After honoured (`http_retry`). Other 4xx answers are never retried.
+    vocab_size: the policy's vocabulary; a reply with a token id outside it is invalid
+      (None: only negative ids are).
     weight_dir: where `update_weights` writes one `v<version>` directory per version; it
       must be readable by the server at the same path.
     tokenizer: written next to the weights (the exporter needs it).
@@ -190,7 +224,8 @@ class SGLangEngine:
   """
 
   def __init__(self, base_url: str, *, max_concurrency: int = 8, timeout_s: float = 600.0,
-               max_retries: int = 3, backoff_s: float = 0.5, weight_dir: str | None = None,
+               max_retries: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 30.0,
+               vocab_size: int | None = None, weight_dir: str | None = None,
                tokenizer: Any = None, export_dtype: str | None = None, keep_versions: int = 2):
     parsed = urllib.parse.urlparse(base_url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
@@ -201,10 +236,17 @@ class SGLangEngine:
       raise ValueError(f"SGLangEngine timeout_s must be > 0, got {timeout_s}")
     if keep_versions < 1:
       raise ValueError(f"SGLangEngine keep_versions must be >= 1, got {keep_versions}")
+    if vocab_size is not None and vocab_size < 1:
+      raise ValueError(f"SGLangEngine vocab_size must be >= 1 or None, got {vocab_size}")
     self.base_url = base_url.rstrip("/")
     self.max_concurrency = max_concurrency
     self.timeout_s = float(timeout_s)
-    self.retry_policy = http_retry.RetryPolicy(max_retries=max_retries, backoff_s=backoff_s)
+    self.retry_policy = http_retry.RetryPolicy(max_retries=max_retries, backoff_s=backoff_s,
+                                               max_backoff_s=max_backoff_s)
+    self.vocab_size = vocab_size
+    self.server_retries = 0    # retried attempts, all calls (module docstring)
+    self.failed_requests = 0   # /generate requests given up on after their retries
+    self._count_lock = threading.Lock()
     self.weight_dir = None if weight_dir is None else os.path.abspath(weight_dir)
     self.tokenizer = tokenizer
     self.export_dtype = export_dtype
@@ -220,11 +262,17 @@ class SGLangEngine:
   def _url(self, path: str) -> str:
     return f"{self.base_url}{path}"
 
+  def _retry(self, call):
+    return http_retry.call_with_retry(call, self.retry_policy, on_retry=self._count_retry)
+
+  def _count_retry(self, error: BaseException, wait_s: float) -> None:
+    with self._count_lock:
+      self.server_retries += 1
+    log.info("SGLang: retry in %.2f s after: %s", wait_s, error)
+
   def _call_json(self, method: str, path: str, payload: Any = None) -> Any:
-    return http_retry.call_with_retry(
-        lambda: http_retry.request_json(method, self._url(path), payload,
-                                        timeout_s=self.timeout_s),
-        self.retry_policy)
+    return self._retry(lambda: http_retry.request_json(method, self._url(path), payload,
+                                                       timeout_s=self.timeout_s))
 
   def close(self) -> None:
     """Waits for in-flight requests and releases the worker threads."""
@@ -260,10 +308,8 @@ class SGLangEngine:
     """Empties the server's prefix (radix) cache. SGLang refuses (HTTP 400) while requests
     are running or queued; that is an SGLangError."""
     try:
-      http_retry.call_with_retry(
-          lambda: http_retry.request("POST", self._url("/flush_cache"),
-                                     timeout_s=self.timeout_s),
-          self.retry_policy)
+      self._retry(lambda: http_retry.request("POST", self._url("/flush_cache"),
+                                             timeout_s=self.timeout_s))
     except http_retry.HTTPRequestError as error:
       raise SGLangError(f"SGLang did not flush its cache: {error} (the server refuses while "
                         "requests are in flight; call it between generate() batches)") from error
@@ -282,26 +328,53 @@ class SGLangEngine:
 
   def _generate_one(self, index: int, request: GenerationRequest) -> GenerationResult:
     where = f"SGLang /generate (request {index})"
+    url = self._url("/generate")
+    payload = build_generate_payload(request)
+
+    def attempt() -> GenerationResult:
+      response = http_retry.request_json("POST", url, payload, timeout_s=self.timeout_s)
+      try:
+        return parse_generate_response(response, where,
+                                       max_new_tokens=request.params.max_new_tokens,
+                                       vocab_size=self.vocab_size)
+      except SGLangError as invalid:   # asked again: the next sample may be sound
+        raise http_retry.HTTPRequestError("POST", url, 200, f"invalid reply: {invalid}",
+                                          retryable=True) from invalid
+
     try:
-      response = self._call_json("POST", "/generate", build_generate_payload(request))
+      return self._retry(attempt)
     except http_retry.HTTPRequestError as error:
+      with self._count_lock:
+        self.failed_requests += 1
       raise SGLangError(f"{where} failed: {error}") from error
-    return parse_generate_response(response, where)
 
   def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-    """Results in request order. All requests are validated before any is sent; the first
-    failure (after retries) is raised as SGLangError and the requests not yet sent are
-    cancelled."""
+    """Results in request order. All requests are validated before any is sent. When some
+    fail (after their retries), the others still finish and `SGLangGenerationFailed` is
+    raised with them (None where a request failed) and the first failure in its message; an
+    unexpected error (a bug) cancels the requests not yet sent and propagates."""
     for index, request in enumerate(requests):
       validate_request(request, index)
     futures = [self._pool.submit(self._generate_one, index, request)
                for index, request in enumerate(requests)]
+    results: list[GenerationResult | None] = []
+    errors: list[SGLangError] = []
     try:
-      return [future.result() for future in futures]
+      for future in futures:
+        try:
+          results.append(future.result())
+        except SGLangError as error:
+          results.append(None)
+          errors.append(error)
     except BaseException:
       for future in futures:
         future.cancel()
       raise
+    if errors:
+      raise SGLangGenerationFailed(
+          f"{len(errors)} of {len(requests)} SGLang requests failed after their retries; "
+          f"first: {errors[0]}", results=results)
+    return results
 
   # -- weight sync ------------------------------------------------------------------------
 

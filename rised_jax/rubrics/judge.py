@@ -10,7 +10,8 @@ LLM backends share, in `LLMJudge`:
   is asked again next time (it may have been a sampling accident);
 and in `RemoteJudge` (the HTTP backends):
 - bounded concurrency (a thread pool of `max_concurrency` requests in flight);
-- retries with exponential backoff and jitter on transient errors (timeouts, connection
+- the retry policy of every model-server client (`rollout.http_retry`: jittered exponential
+  backoff, the server's Retry-After honoured) on transient errors (timeouts, connection
   errors, HTTP 408/429/5xx); a request that still fails marks its rollouts untagged;
 - configuration errors (HTTP 401/403/404: bad key, no such model or endpoint) raise
   `JudgeError` at once instead of silently untagging every rollout.
@@ -25,13 +26,12 @@ import dataclasses
 import hashlib
 import logging
 import os
-import random
 import threading
-import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from rised_jax.rollout import http_retry
 from rised_jax.rubrics.parsing import parse_verdict
 from rised_jax.rubrics.prompt import JudgePrompt
 from rised_jax.rubrics.vocabulary import Vocabulary
@@ -104,8 +104,9 @@ class LLMJudge(Judge):
     self._cache_size = cache_size
 
   @abc.abstractmethod
-  def _answer(self, prompts: list[str], stats: JudgeStats) -> list[str | None]:
-    """The model's raw answer to each prompt; None where no answer could be obtained."""
+  def _answer(self, prompts: list[str], stats: JudgeStats) -> list[Any]:
+    """The model's raw answer to each prompt (any type: a model server may send a number
+    where text belongs); None where no answer could be obtained."""
 
   def cache_key(self, prompt: str) -> str:
     return hashlib.sha256("\x00".join((self.backend, self.model, prompt)).encode()).hexdigest()
@@ -158,13 +159,12 @@ class RemoteJudge(LLMJudge):
                        f"max_backoff_s={max_backoff_s}; expected non-negative values")
     self.api_key_env = tuple(api_key_env)
     self.max_concurrency = max_concurrency
-    self.max_retries = max_retries
-    self.backoff_s = backoff_s
-    self.max_backoff_s = max_backoff_s
+    self.retry_policy = http_retry.RetryPolicy(max_retries=max_retries, backoff_s=backoff_s,
+                                               max_backoff_s=max_backoff_s)
     self._lock = threading.Lock()
 
   @abc.abstractmethod
-  def _request(self, prompt: str) -> str:
+  def _request(self, prompt: str) -> Any:
     """One attempt at answering `prompt`; raises the client's exception on failure."""
 
   @abc.abstractmethod
@@ -195,32 +195,35 @@ class RemoteJudge(LLMJudge):
     return (f"{type(self).__name__}(model={self.model!r}, endpoint={self.endpoint!r}, "
             f"max_concurrency={self.max_concurrency})")
 
-  def _answer_one(self, prompt: str, stats: JudgeStats) -> str | None:
-    attempt = 0
-    while True:
-      try:
-        return self._request(prompt)
-      except Exception as e:  # pylint: disable=broad-except  # the client's own error types
-        kind = self._classify(e)
-        message = self.scrub(f"{type(e).__name__}: {e}")
-        if kind == FATAL:
-          raise JudgeError(f"{self.backend} judge (model {self.model!r}, endpoint "
-                           f"{self.endpoint!r}) is misconfigured: {message}") from None
-        if kind == TRANSIENT and attempt < self.max_retries:
-          delay = min(self.max_backoff_s, self.backoff_s * 2 ** attempt)
-          attempt += 1
-          with self._lock:
-            stats.retries += 1
-          log.info("%s judge: transient error, retry %d in %.2fs: %s", self.backend, attempt,
-                   delay, message)
-          time.sleep(delay * random.uniform(0.5, 1.0))
-          continue
-        log.warning("%s judge: request failed, rollout left untagged: %s", self.backend, message)
-        with self._lock:
-          stats.failed_requests += 1
-        return None
+  @staticmethod
+  def _retry_after(error: BaseException) -> float | None:
+    """The Retry-After of the HTTP response an SDK error carries (openai, google-genai)."""
+    headers = getattr(getattr(error, "response", None), "headers", None)
+    return http_retry.parse_retry_after(headers.get("retry-after")) if headers else None
 
-  def _answer(self, prompts: list[str], stats: JudgeStats) -> list[str | None]:
+  def _answer_one(self, prompt: str, stats: JudgeStats) -> Any:
+    def on_retry(error: BaseException, wait_s: float) -> None:
+      with self._lock:
+        stats.retries += 1
+      log.info("%s judge: transient error, retry in %.2fs: %s", self.backend, wait_s,
+               self.scrub(f"{type(error).__name__}: {error}"))
+
+    try:
+      return http_retry.call_with_retry(
+          lambda: self._request(prompt), self.retry_policy,
+          is_transient=lambda e: isinstance(e, Exception) and self._classify(e) == TRANSIENT,
+          retry_after=self._retry_after, on_retry=on_retry)
+    except Exception as e:  # pylint: disable=broad-except  # the client's own error types
+      message = self.scrub(f"{type(e).__name__}: {e}")
+      if self._classify(e) == FATAL:
+        raise JudgeError(f"{self.backend} judge (model {self.model!r}, endpoint "
+                         f"{self.endpoint!r}) is misconfigured: {message}") from None
+      log.warning("%s judge: request failed, rollout left untagged: %s", self.backend, message)
+      with self._lock:
+        stats.failed_requests += 1
+      return None
+
+  def _answer(self, prompts: list[str], stats: JudgeStats) -> list[Any]:
     stats.requests += len(prompts)
     if not prompts:
       return []

@@ -18,14 +18,14 @@ describe_task, cache_size, max_concurrency, max_retries, backoff_s, max_backoff_
 |                | api_key_env      | ("GEMINI_API_KEY", "GOOGLE_API_KEY") | variables tried in order |
 |                | temperature      | 0.0                              | sampling temperature |
 |                | generation_config| None                             | extra `GenerateContentConfig` fields (e.g. thinking_config) |
-|                | timeout_s        | 60                               | per request |
+|                | timeout_s        | 60                               | per attempt, per connect or read (the client's httpx timeout) |
 | openai         | model            | (required)                       | the served model's name |
 |                | base_url         | "http://127.0.0.1:30000/v1"      | SGLang's default port |
 |                | api_key_env      | ("OPENAI_API_KEY",)              | unset → "EMPTY" (SGLang without --api-key) |
 |                | response_format  | "json_schema"                    | or "json_object", or "none" (prompt only) |
 |                | temperature      | 0.0                              | |
 |                | max_tokens       | 512                              | answer length cap |
-|                | timeout_s        | 60                               | per request |
+|                | timeout_s        | 60                               | per attempt, per connect or read (the client's httpx timeout) |
 | inprocess      | generate_text    | (required)                       | callable list[str] → list[str] |
 |                | model            | "in-process"                     | name used in the cache key |
 |                | batch_size       | None (all prompts at once)       | prompts per call |
@@ -35,16 +35,16 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Sequence
 
+from rised_jax.rollout import http_retry
 from rised_jax.rubrics.judge import (FAILED, FATAL, TRANSIENT, JudgeError, JudgeStats, LLMJudge,
                                      RemoteJudge)
 from rised_jax.rubrics.vocabulary import Vocabulary
 
-_TRANSIENT_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 _FATAL_STATUS = frozenset({401, 403, 404})
 
 
 def _classify_status(status: int | None) -> str:
-  if status in _TRANSIENT_STATUS:
+  if status is not None and http_retry.is_retryable_status(status):
     return TRANSIENT
   if status in _FATAL_STATUS:
     return FATAL
@@ -109,7 +109,7 @@ class GeminiJudge(RemoteJudge):
   def endpoint(self) -> str:
     return self.base_url or "https://generativelanguage.googleapis.com"
 
-  def _request(self, prompt: str) -> str:
+  def _request(self, prompt: str) -> Any:
     response = self._client.models.generate_content(model=self.model, contents=prompt,
                                                     config=self._config)
     # .text is None when the answer was blocked or empty: parsed as untagged.
@@ -162,13 +162,15 @@ class OpenAICompatibleJudge(RemoteJudge):
   def endpoint(self) -> str:
     return self.base_url
 
-  def _request(self, prompt: str) -> str:
+  def _request(self, prompt: str) -> Any:
     completion = self._client.chat.completions.create(
         model=self.model, messages=[{"role": "user", "content": prompt}],
         **self._request_options)
     if not completion.choices:
       return ""
-    return completion.choices[0].message.content or ""
+    # The client does not validate the reply: `content` is whatever JSON value the server
+    # sent (a number, an object, NaN); the parser makes any non-text answer untagged.
+    return completion.choices[0].message.content
 
   def _classify(self, error: Exception) -> str:
     if isinstance(error, self._openai.APIConnectionError):   # includes timeouts
@@ -197,9 +199,9 @@ class InProcessJudge(LLMJudge):
     self.generate_text = generate_text
     self.batch_size = batch_size
 
-  def _answer(self, prompts: list[str], stats: JudgeStats) -> list[str | None]:
+  def _answer(self, prompts: list[str], stats: JudgeStats) -> list[Any]:
     step = self.batch_size or max(len(prompts), 1)
-    answers: list[str | None] = []
+    answers: list[Any] = []
     for start in range(0, len(prompts), step):
       chunk = prompts[start:start + step]
       stats.requests += len(chunk)
@@ -207,5 +209,5 @@ class InProcessJudge(LLMJudge):
       if len(out) != len(chunk):
         raise ValueError(f"inprocess judge: generate_text returned {len(out)} answers for "
                          f"{len(chunk)} prompts; expected one per prompt")
-      answers += [a if isinstance(a, str) else None for a in out]
+      answers += out   # non-text answers are untagged by the parser
     return answers

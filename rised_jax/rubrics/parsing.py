@@ -15,14 +15,22 @@ Shared by every LLM backend. The parser never raises on the answer's content:
 | `{"tags": []}`                                      | a valid verdict: no tag applies          |
 | a non-empty list none of whose items is known       | untagged                                 |
 | empty text, no JSON, truncated JSON, no tags key, wrong type (number, null, bool) | untagged   |
+| not a string at all (None, a number, an object), or over `MAX_ANSWER_CHARS`  | untagged   |
+| JSON nested deeper than the decoder allows, or a number too long to convert | that candidate skipped |
+
+Parse time is linear in the answer's length: at most `MAX_CANDIDATES` fenced blocks and
+`MAX_CANDIDATES` embedded objects (each an opening `{"`) are decoded, and each decode is linear.
+(Trying every `{` would be quadratic: a failed decode at offset k costs O(k) to locate its error.)
 
 "Untagged" means the rollout's tags are unknown: selection ignores its tag vector and no
 teacher or guidance statistic counts it, so a failed judgement never reads as "all good".
 """
 from __future__ import annotations
 
+import itertools
 import json
 import re
+import reprlib
 from typing import Any
 
 import numpy as np
@@ -33,13 +41,25 @@ from rised_jax.types import Verdict
 _TAG_KEYS = ("tags", "rubrics", "labels", "applicable_tags")
 _ITEM_KEYS = ("id", "tag", "name")
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n?(.*?)```", re.DOTALL)
-_MAX_UNKNOWN_REPR = 80
+# Where an embedded JSON object may start: an object with a key (a tags object needs one).
+_OBJECT_START = re.compile(r'\{\s*"')
+MAX_ANSWER_CHARS = 1_000_000   # a longer answer is no verdict (a judge answers in a few lines)
+MAX_CANDIDATES = 64            # fenced blocks, and embedded objects, decoded at most
+# Unknown items are logged as a short, bounded summary (never a full repr of a deep value).
+_SUMMARY = reprlib.Repr()
+_SUMMARY.maxlevel, _SUMMARY.maxstring, _SUMMARY.maxother = 2, 60, 60
+_SUMMARY.maxlist = _SUMMARY.maxdict = 4
 
 
-def parse_verdict(text: str | None, vocab: Vocabulary) -> Verdict:
-  """Parses a judge answer; unusable answers give `Verdict(untagged=True)`."""
-  raw = text or ""
+def parse_verdict(text: Any, vocab: Vocabulary) -> Verdict:
+  """Parses a judge answer; unusable answers (of any type) give `Verdict(untagged=True)`."""
+  if not isinstance(text, str):
+    raw = "" if text is None else f"<not text: {_summary(text)}>"
+    return Verdict(tags=np.zeros(len(vocab), np.float32), untagged=True, raw=raw)
+  raw = text
   untagged = Verdict(tags=np.zeros(len(vocab), np.float32), untagged=True, raw=raw)
+  if len(raw) > MAX_ANSWER_CHARS:
+    return untagged
   items = _find_tag_items(raw)
   if items is None:
     return untagged
@@ -48,12 +68,21 @@ def parse_verdict(text: str | None, vocab: Vocabulary) -> Verdict:
   for item in items:
     index = _resolve_item(item, vocab)
     if index is None:
-      unknown.append(item if isinstance(item, str) else repr(item)[:_MAX_UNKNOWN_REPR])
+      unknown.append(item[:_SUMMARY.maxstring] if isinstance(item, str) else _summary(item))
     else:
       tags[index] = 1.0
   if items and not tags.any():
     return Verdict(tags=tags, untagged=True, unknown_tags=tuple(unknown), raw=raw)
   return Verdict(tags=tags, untagged=False, unknown_tags=tuple(unknown), raw=raw)
+
+
+def _summary(value: Any) -> str:
+  """A short repr for the logs; the type's name where even that fails (an int of more digits
+  than Python converts, an object whose repr raises)."""
+  try:
+    return _SUMMARY.repr(value)
+  except Exception:  # pylint: disable=broad-except  # any repr may raise
+    return f"<{type(value).__name__}>"
 
 
 def _find_tag_items(text: str) -> list[Any] | None:
@@ -63,27 +92,27 @@ def _find_tag_items(text: str) -> list[Any] | None:
     return None
   # Whole-answer candidates may be bare lists; embedded ones must be tagged objects, so that
   # a stray "[]" inside prose cannot read as "no tag applies".
-  whole = [m.group(1).strip() for m in _FENCE.finditer(text)] + [stripped]
-  for candidate in whole:
-    items = _items_from_json(_decode(candidate), allow_list=True)
+  fenced = [m.group(1).strip() for m in itertools.islice(_FENCE.finditer(text), MAX_CANDIDATES)]
+  for candidate in fenced + [stripped]:
+    items = _items_from_json(_decode(json.loads, candidate), allow_list=True)
     if items is not None:
       return items
   decoder = json.JSONDecoder()
-  for start in (m.start() for m in re.finditer(r"\{", text)):
-    try:
-      value, _ = decoder.raw_decode(text, start)
-    except json.JSONDecodeError:
-      continue
-    items = _items_from_json(value, allow_list=False)
+  for match in itertools.islice(_OBJECT_START.finditer(text), MAX_CANDIDATES):
+    decoded = _decode(lambda s, start=match.start(): decoder.raw_decode(s, start)[0], text)
+    items = _items_from_json(decoded, allow_list=False)
     if items is not None:
       return items
   return None
 
 
-def _decode(candidate: str) -> Any:
+def _decode(decode, text: str) -> Any:
+  """`decode(text)`, or None when it is no JSON the decoder can hold: malformed or truncated
+  (JSONDecodeError), a number too long to convert (ValueError), nested too deep
+  (RecursionError from the C decoder's depth guard)."""
   try:
-    return json.loads(candidate)
-  except json.JSONDecodeError:
+    return decode(text)
+  except (ValueError, RecursionError):
     return None
 
 
