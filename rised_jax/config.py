@@ -113,6 +113,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.eval.episodes_per_env = 16
   c.eval.seed_offset = 1_000_000           # held-out seeds: never used for training tasks
   c.eval.temperature = 0.0
+  c.eval.pass_at_k = 1                     # k > 1: pass@k of k sampled episodes (temperature > 0)
 
   # The rubric pipeline (pipelines/rubric.py); the agentic pipeline ignores these keys.
   c.rubric = ml_collections.ConfigDict()

@@ -14,17 +14,17 @@ Stages, each a component chosen by the config:
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rised_jax import evaluate, rubrics, select, teach
+from rised_jax import evaluate, rubrics, select, tasks, teach
 from rised_jax.learn import advantages as advantages_lib
 from rised_jax.learn.batching import Row
 from rised_jax.rollout.agent_loop import AgentLoop, make_env
 from rised_jax.rollout.base import SamplingParams
 from rised_jax.rollout.text import text_generator
-from rised_jax.tasks import TaskStream
 from rised_jax.types import Group
 
 
@@ -58,8 +58,17 @@ class AgenticPipeline:
                     if config.teacher.enabled else None)
     self.guidance = (teach.GuidanceMemory(self.vocab, **config.guidance.options.to_dict())
                      if config.guidance.enabled else None)
-    self.tasks = TaskStream(config.envs.names, config.envs.difficulty.to_dict(),
-                            seed=config.seed, eval_seed_offset=config.eval.seed_offset)
+    difficulty = config.envs.difficulty.to_dict()
+    self.eval_samples = evaluate.check_sampling(config.eval.pass_at_k, config.eval.temperature)
+    held_out = evaluate.eval_tasks(config.envs.names, difficulty, config.eval.episodes_per_env,
+                                   config.eval.seed_offset)
+    self.tasks = tasks.TaskStream(config.envs.names, difficulty, seed=config.seed,
+                                  eval_seed_offset=config.eval.seed_offset,
+                                  exclude=evaluate.instance_keys(held_out))
+    for message in tasks.repeat_warnings(self.tasks,
+                                         config.train.steps * config.select.pool_groups):
+      warnings.warn(message, stacklevel=2)
+    self.eval_episodes: list[dict[str, Any]] = []   # the last evaluation's episode records
 
   def roll_out(self, step: int) -> list[Group]:
     tasks = self.tasks.next(self.config.select.pool_groups)
@@ -117,10 +126,15 @@ class AgenticPipeline:
       self.guidance.update(pool)
 
   def evaluate(self) -> dict[str, dict[str, float]]:
-    return evaluate.evaluate(self.eval_loop, self.config.envs.names,
-                             self.config.envs.difficulty.to_dict(),
-                             episodes=self.config.eval.episodes_per_env,
-                             seed_offset=self.config.eval.seed_offset, seed=self.config.seed)
+    """Pass rates; the episodes' records (tags from the rule judge only: an LLM judge would
+    cost requests per evaluation) are kept in `eval_episodes`."""
+    judge = self.judge_backend if self.config.judge.backend == "rules" else None
+    results, groups = evaluate.evaluate(
+        self.eval_loop, self.config.envs.names, self.config.envs.difficulty.to_dict(),
+        episodes=self.config.eval.episodes_per_env, seed_offset=self.config.eval.seed_offset,
+        seed=self.config.seed, samples=self.eval_samples, judge=judge)
+    self.eval_episodes = evaluate.episode_records(groups, self.vocab)
+    return results
 
   def metrics(self, pool: Sequence[Group], selected: Sequence[Group]) -> dict[str, float]:
     metrics = {}
