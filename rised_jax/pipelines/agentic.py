@@ -11,6 +11,11 @@ Stages, each a component chosen by the config:
              behaviour log-probs from the sampler for the truncated importance weight (§2.6),
              teacher rows = teacher prefix ⊕ the same response;
   observe    the guidance memory folds in the pool's negative tags.
+Besides rollout success per env, `metrics` logs judge/{env}/success_from_tags: the accuracy
+of the best rule that predicts a rollout's success from its tag vector (exact definition in
+`rubrics.rule_judge.success_predictability`), beside judge/{env}/success_base_rate, what
+predicting the majority outcome reaches: profiles carry information of their own only where
+the first stays well below 1.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from rised_jax import evaluate, rubrics, select, tasks, teach
 from rised_jax.learn import advantages as advantages_lib
 from rised_jax.learn.batching import Row
 from rised_jax.rollout.agent_loop import AgentLoop, make_env
+from rised_jax.rubrics import rule_judge
 from rised_jax.rollout.base import SamplingParams
 from rised_jax.rollout.text import text_generator
 from rised_jax.types import Group
@@ -141,6 +147,12 @@ class AgenticPipeline:
     for env in sorted({g.task.env for g in pool}):
       groups = [g for g in pool if g.task.env == env]
       metrics[f"rollout/{env}/success"] = float(np.mean([g.successes.mean() for g in groups]))
+      tagged = [t for g in groups for t in g.trajectories if t.tags is not None and not t.untagged]
+      if tagged:   # how much the profiles reveal the reward (rule_judge.success_predictability)
+        accuracy, base_rate = rule_judge.success_predictability(
+            np.stack([t.tags for t in tagged]), np.asarray([t.success for t in tagged]))
+        metrics[f"judge/{env}/success_from_tags"] = accuracy
+        metrics[f"judge/{env}/success_base_rate"] = base_rate
       if self.guidance is not None:
         metrics[f"guidance/{env}/active_tags"] = float(len(self.guidance.active_tags(env)))
     trajectories = [t for g in pool for t in g.trajectories]
