@@ -29,6 +29,7 @@ weighted criterion reward; its presets switch CriPO's two self-teachers:
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import ml_collections
@@ -250,6 +251,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if config.select.batch_groups > config.select.pool_groups:
     raise ValueError(f"config.select.batch_groups={config.select.batch_groups} exceeds "
                      f"config.select.pool_groups={config.select.pool_groups}")
+  if config.select.name == "rised" and config.select.pool_groups == config.select.batch_groups:
+    warnings.warn(f"config.select.name='rised' with pool_groups == batch_groups == "
+                  f"{config.select.batch_groups}: every group is trained on, so profile "
+                  "selection does nothing (its chosen set beats a random subset only from "
+                  "pool_groups >= 4 * batch_groups)", stacklevel=2)
   if config.train.steps < 0 or config.eval.episodes_per_env < 1:
     raise ValueError("config.train.steps must be >= 0 and config.eval.episodes_per_env >= 1")
   from rised_jax.learn import advantages  # noqa: PLC0415
