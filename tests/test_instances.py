@@ -119,3 +119,33 @@ def test_pass_at_k_counts_instances_solved_at_least_once():
   assert evaluate.check_sampling(4, 0.7) == 4
   with pytest.raises(ValueError, match="pass_at_k=4 with config.eval.temperature=0.0"):
     evaluate.check_sampling(4, 0.0)
+
+
+def test_evaluation_records_replay_to_the_logged_pass_rate(tmp_path):
+  """eval_episodes.jsonl: one record per held-out instance; replaying its actions on a fresh
+  environment gives its success, and the successes add up to eval.jsonl's pass rate."""
+  from rised_jax import runlog
+  from tests.test_pipeline_agentic import _pipeline
+  pipeline, _, _ = _pipeline("right")
+  results = pipeline.evaluate()
+  records = pipeline.eval_episodes
+  with runlog.RunLog(tmp_path) as log:
+    log.evaluation(0, results)
+    log.eval_episodes(0, records)
+    log.eval_episodes(5, records)
+    log.rewind(3)
+  logged = runlog.read_jsonl(tmp_path / "eval_episodes.jsonl")
+  assert [r["step"] for r in logged] == [0] * len(records)
+  assert len(runlog.read_jsonl(tmp_path / "eval_episodes.discarded.jsonl")) == len(records)
+  (row,) = runlog.read_jsonl(tmp_path / "eval.jsonl")
+  assert len({r["instance"] for r in logged}) == len(logged) == row["episodes"]
+  assert sum(r["success"] for r in logged) == round(row["pass_rate"] * row["episodes"])
+  for record in logged:
+    env = envs.make(record["env"], **pipeline.config.envs.difficulty[record["env"]])
+    env.reset(record["seed"])
+    assert env.instance_key() == record["instance"]
+    for action in record["actions"]:
+      env.step(action)
+    assert env.success == record["success"] and record["turns"] == len(record["actions"])
+    assert "valid_syntax" in record["tags"]
+  assert 0 < sum(r["success"] for r in logged) < len(logged)

@@ -16,8 +16,11 @@ Shared by every LLM backend. The parser never raises on the answer's content:
 | a non-empty list none of whose items is known       | untagged                                 |
 | empty text, no JSON, truncated JSON, no tags key, wrong type (number, null, bool) | untagged   |
 
-"Untagged" means the rollout's tags are unknown: selection ignores its tag vector and no
-teacher or guidance statistic counts it, so a failed judgement never reads as "all good".
+"Untagged" means the rollout's tags are unknown: no teacher or guidance statistic counts it,
+so a failed judgement never reads as "all good". In RISED selection (`select/rised.py`) a
+group's profile is the mean over its tagged rollouts only; a group with no tagged rollout has
+no profile at all: it is left out of the pool composition, alignment, redundancy and history,
+and chosen only when fewer than B groups have a profile, after all of them.
 """
 from __future__ import annotations
 
