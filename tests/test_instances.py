@@ -11,8 +11,9 @@ from tests.test_trainer import load_config_file
 
 CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
 # Every agentic config and difficulty the repository ships, with the run's training draws.
-CONFIG_ARGS = [("rised_qwen3_multienv.py", "rised,4b"), ("rised_qwen3_multienv.py", "rised,4b,local"),
-               ("smollm2_cpu.py", "rised"), ("tiny_cpu.py", "rised"), ("tiny_cpu.py", "rised,easy")]
+CONFIG_ARGS = [("rised_qwen3_multienv.py", "rised,4b"),
+               ("rised_qwen3_multienv.py", "rised,4b,local"), ("smollm2_cpu.py", "rised"),
+               ("tiny_cpu.py", "rised"), ("tiny_cpu.py", "rised,easy")]
 
 
 _ENVS: dict[tuple, envs.Environment] = {}
@@ -57,6 +58,7 @@ def test_training_stream_never_plays_an_evaluation_instance(name, arg):
         env: 6400 for env in config.envs.names}
 
 
+@pytest.mark.slow
 def test_paper_scale_stream_without_the_skip_replays_evaluation_instances():
   """The failure the skip removes: seeds are disjoint, instances are not (Wordle: every
   evaluation secret is a training secret within 6,400 seeds)."""

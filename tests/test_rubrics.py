@@ -116,7 +116,7 @@ def test_load_missing_file_names_builtins(tmp_path):
     ('{"tags": ["valid_syntax", "gave_up"]}', {"valid_syntax", "gave_up"}, False, 0),
     ('Here you go:\n```json\n{"tags": ["Efficient"]}\n```\nHope it helps', {"efficient"},
      False, 0),
-    ('Sure. {"Tags": ["wastes no turn on invalid, ineffective, repeated or losing actions", "GAVE UP"]} done.',
+    ('Sure. {"Tags": ["takes no wasted or losing turns", "GAVE UP"]} done.',
      {"efficient", "gave_up"}, False, 0),
     ('["malformed_action"]', {"malformed_action"}, False, 0),
     ('{"tags": "valid_syntax, loses_ground"}', {"valid_syntax", "loses_ground"}, False, 0),

@@ -28,9 +28,10 @@ from rised_jax import evaluate, rubrics, select, tasks, teach
 from rised_jax.learn import advantages as advantages_lib
 from rised_jax.learn.batching import Row
 from rised_jax.rollout.agent_loop import AgentLoop, make_env
-from rised_jax.rubrics import rule_judge
 from rised_jax.rollout.base import SamplingParams
 from rised_jax.rollout.text import text_generator
+from rised_jax.rubrics import rule_judge
+from rised_jax.rubrics.profiles import is_tagged
 from rised_jax.types import Group
 
 
@@ -147,7 +148,7 @@ class AgenticPipeline:
     for env in sorted({g.task.env for g in pool}):
       groups = [g for g in pool if g.task.env == env]
       metrics[f"rollout/{env}/success"] = float(np.mean([g.successes.mean() for g in groups]))
-      tagged = [t for g in groups for t in g.trajectories if t.tags is not None and not t.untagged]
+      tagged = [t for g in groups for t in g.trajectories if is_tagged(t)]
       if tagged:   # how much the profiles reveal the reward (rule_judge.success_predictability)
         accuracy, base_rate = rule_judge.success_predictability(
             np.stack([t.tags for t in tagged]), np.asarray([t.success for t in tagged]))

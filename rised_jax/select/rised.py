@@ -33,11 +33,11 @@ Options — every one is this project's reconstruction **[R-choice]**:
 
 History penalties: "task": μ·γ^(t − t_last) if the group's instance was chosen at step t_last
 within the window (tasks of environments outside the registry, e.g. synthetic pools, are
-their own instance: `Task.key`). The training stream never repeats a seed, so this reading
-fires only when the instance space is small enough for seeds to collide (the stream warns
-then); "profile" fires whenever a candidate resembles a recent choice; "profile": μ·max_{(t_h, φ_h)} γ^(t − t_h)·sim(φ_g, φ_h) over the
-remembered chosen profiles. The memory is updated with this step's choice and saved by
-`state_dict()`.
+their own instance: `Task.key`); "profile": μ·max_{(t_h, φ_h)} γ^(t − t_h)·sim(φ_g, φ_h) over
+the remembered chosen profiles. The training stream never repeats a seed, so "task" fires only
+where the instance space is small enough for seeds to collide (the stream warns then);
+"profile" fires whenever a candidate resembles a recent choice. The memory is updated with
+this step's choice and saved by `state_dict()`.
 
 What the objectives achieve (tests/test_select.py, random pools of 32–64 groups over 13
 tags): composition matching brings the chosen mean profile far closer to φ̄ than random
