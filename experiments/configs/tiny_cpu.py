@@ -11,7 +11,7 @@ token, 256 held-out instances whose winning first move differs (forward, turn le
 right), so the policy must read the observation; a blind policy (one action sequence for every
 instance) wins at most 36 % of them. RISED rolls out K = 4B candidate groups (the regime where
 its selection differs from a random subset).
-Hardware: 1 CPU core; well under a minute (easy: about two minutes).
+Hardware: 1 CPU core; well under a minute (easy: about five minutes on 2 shared cores).
 """
 from rised_jax import config as config_lib
 
