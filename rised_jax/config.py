@@ -34,6 +34,7 @@ import dataclasses
 import difflib
 import math
 import numbers
+import warnings
 from typing import Any, Callable
 
 import ml_collections
@@ -121,6 +122,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.eval.episodes_per_env = 16
   c.eval.seed_offset = 1_000_000           # held-out seeds: never used for training tasks
   c.eval.temperature = 0.0
+  c.eval.pass_at_k = 1                     # k > 1: pass@k of k sampled episodes (temperature > 0)
 
   # The rubric pipeline (pipelines/rubric.py); the agentic pipeline ignores these keys.
   c.rubric = ml_collections.ConfigDict()
@@ -337,6 +339,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   if config.select.batch_groups > config.select.pool_groups:
     raise ValueError(f"config.select.batch_groups={config.select.batch_groups} exceeds "
                      f"config.select.pool_groups={config.select.pool_groups}")
+  if config.select.name == "rised" and config.select.pool_groups == config.select.batch_groups:
+    warnings.warn(f"config.select.name='rised' with pool_groups == batch_groups == "
+                  f"{config.select.batch_groups}: every group is trained on, so profile "
+                  "selection does nothing (its chosen set beats a random subset only from "
+                  "pool_groups >= 4 * batch_groups)", stacklevel=2)
   if config.train.steps < 0 or config.eval.episodes_per_env < 1:
     raise ValueError("config.train.steps must be >= 0 and config.eval.episodes_per_env >= 1")
   from rised_jax.learn import advantages  # noqa: PLC0415

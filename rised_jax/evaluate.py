@@ -1,40 +1,117 @@
-"""Pass-rate evaluation (docs/ALGORITHMS.md §4).
+"""Pass-rate evaluation (docs/ALGORITHMS.md §4) on a fixed set of distinct held-out instances.
 
-Episodes on a fixed list of held-out seeds per environment, one rollout per task, with the
-evaluation sampling settings (greedy by default) and never a hint or a rubric in the prompt:
-the agent loop is called with no hints, and the prompt is the environment's own.
+The evaluation set of an environment is its first `episodes` distinct instances (by
+`envs.instance_key`) among the seeds seed_offset, seed_offset + 1, …: a fixed, seeded list, the
+same for every run of a config. Different seeds can generate the same instance, so counting
+seeds would count some games twice (and the training stream, `rised_jax.tasks`, skips these
+instances by key, not by seed). Pass rates and their Wilson intervals are over instances.
+
+Each instance is played `samples` times (k) with the evaluation sampling settings: k = 1 with
+temperature 0 is the greedy pass rate (the default); k > 1 needs a temperature > 0 and gives
+pass@k, the share of instances solved in at least one of k sampled episodes. Never a hint or a
+rubric in the prompt: the agent loop is called with no hints, and the prompt is the
+environment's own.
+
+`episode_records` gives one plain record per episode for the run log's eval_episodes.jsonl:
+{"env", "instance", "seed", "sample", "success", "turns", "actions", "tags"}; "tags" are the
+ids a judge set (the pipeline passes its rule-based judge; null without one).
 """
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from rised_jax import envs
 from rised_jax.rollout.agent_loop import AgentLoop
 from rised_jax.runlog import wilson_interval
 from rised_jax.types import Group, Task
 
+# Seeds scanned per requested instance before concluding the instance space is too small.
+SEEDS_PER_INSTANCE = 50
+
+
+def eval_instances(env_name: str, difficulty: Mapping[str, Any], episodes: int,
+                   seed_offset: int) -> list[Task]:
+  """The first `episodes` distinct instances of seeds seed_offset, seed_offset + 1, …"""
+  tasks, seen = [], set()
+  limit = seed_offset + SEEDS_PER_INSTANCE * episodes + 1000
+  seed = seed_offset
+  while len(tasks) < episodes and seed < limit:
+    key = envs.instance_key(env_name, seed, difficulty)
+    if key not in seen:
+      seen.add(key)
+      tasks.append(Task(env=env_name, seed=seed, difficulty=dict(difficulty)))
+    seed += 1
+  if len(tasks) < episodes:
+    raise ValueError(f"eval: {env_name} with difficulty {dict(difficulty)} has only {len(tasks)} "
+                     f"distinct instances in seeds [{seed_offset}, {limit}); "
+                     f"eval.episodes_per_env={episodes} asks for more (and training needs "
+                     "instances of its own): lower it or use a larger difficulty")
+  return tasks
+
 
 def eval_tasks(env_names: Sequence[str], difficulty: Mapping[str, Mapping[str, Any]],
                episodes: int, seed_offset: int) -> list[Task]:
-  return [Task(env=name, seed=seed_offset + k, difficulty=dict(difficulty.get(name, {})))
-          for name in env_names for k in range(episodes)]
+  """The evaluation set: `eval_instances` of every environment, in order."""
+  return [task for name in env_names
+          for task in eval_instances(name, difficulty.get(name, {}), episodes, seed_offset)]
+
+
+def instance_keys(tasks: Sequence[Task]) -> dict[str, set[str]]:
+  """{env: the instance keys of its tasks} (what the training stream must skip)."""
+  keys: dict[str, set[str]] = {}
+  for task in tasks:
+    keys.setdefault(task.env, set()).add(envs.instance_key(task.env, task.seed, task.difficulty))
+  return keys
+
+
+def check_sampling(samples: Any, temperature: float) -> int:
+  """Validates eval.pass_at_k against eval.temperature; returns k."""
+  if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+    raise ValueError(f"config.eval.pass_at_k={samples!r}: expected an integer >= 1")
+  if samples > 1 and not temperature > 0:
+    raise ValueError(f"config.eval.pass_at_k={samples} with config.eval.temperature="
+                     f"{temperature}: greedy episodes are all the same; pass@k needs a "
+                     "temperature > 0")
+  return samples
 
 
 def pass_rates(groups: Sequence[Group]) -> dict[str, dict[str, float]]:
-  """Per environment: pass rate, its 95 % Wilson interval and the episode count."""
+  """Per environment, over instances (one group each): the share solved in at least one of
+  the group's episodes (pass@k; the success rate for k = 1), its 95 % Wilson interval, and
+  the instance count as "episodes"."""
   by_env: dict[str, list[bool]] = {}
   for group in groups:
-    by_env.setdefault(group.task.env, []).extend(t.success for t in group.trajectories)
+    by_env.setdefault(group.task.env, []).append(any(t.success for t in group.trajectories))
   results = {}
-  for env, outcomes in by_env.items():
-    wins, n = sum(outcomes), len(outcomes)
+  for env, solved in by_env.items():
+    wins, n = sum(solved), len(solved)
     low, high = wilson_interval(wins, n)
     results[env] = {"pass_rate": wins / n, "ci_low": low, "ci_high": high, "episodes": n}
   return results
 
 
+def episode_records(groups: Sequence[Group], vocab=None) -> list[dict[str, Any]]:
+  """One record per evaluation episode (see the module docstring); `vocab` names the tags."""
+  records = []
+  for group in groups:
+    task = group.task
+    key = envs.instance_key(task.env, task.seed, task.difficulty)
+    for sample, traj in enumerate(group.trajectories):
+      tags = None if traj.tags is None or vocab is None else vocab.ids_of(traj.tags)
+      records.append({"env": task.env, "instance": key, "seed": int(task.seed),
+                      "sample": sample, "success": bool(traj.success), "turns": len(traj.turns),
+                      "actions": [turn.action_text for turn in traj.turns], "tags": tags})
+  return records
+
+
 def evaluate(loop: AgentLoop, env_names: Sequence[str],
              difficulty: Mapping[str, Mapping[str, Any]], *, episodes: int, seed_offset: int,
-             seed: int = 0) -> dict[str, dict[str, float]]:
-  """Pass rate per environment on held-out seeds (no hints: `loop.run(..., hints=None)`)."""
+             seed: int = 0, samples: int = 1, judge=None
+             ) -> tuple[dict[str, dict[str, float]], list[Group]]:
+  """Pass rate per environment on the held-out instances, and the evaluated groups (judged
+  by `judge` when given). No hints: `loop.run(..., hints=None)`."""
   tasks = eval_tasks(env_names, difficulty, episodes, seed_offset)
-  return pass_rates(loop.run(tasks, group_size=1, hints=None, seed=seed))
+  groups = loop.run(tasks, group_size=samples, hints=None, seed=seed)
+  if judge is not None:
+    judge.judge(groups)
+  return pass_rates(groups), groups

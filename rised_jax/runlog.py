@@ -12,6 +12,8 @@ keeps everything it logged):
                     each turn's action as the environment read it
   eval.jsonl        one line per environment per evaluation: {"step", "time", "env",
                     "pass_rate", "ci_low", "ci_high", "episodes"}
+  eval_episodes.jsonl  one line per evaluation episode: {"step", "env", "instance", "seed",
+                    "sample", "success", "turns", "actions", "tags"} (`eval_episodes`)
   vocabulary.json   the rubric vocabulary the rollouts were tagged with (a vocabulary file:
                     `Vocabulary.load` reads it), written by the first `rollouts` call
   summary.json      the before/after pass-rate table (`write_summary`), also as results.md
@@ -52,11 +54,12 @@ from rised_jax.types import Group
 METRICS_FILE = "metrics.jsonl"
 ROLLOUTS_FILE = "rollouts.jsonl"
 EVAL_FILE = "eval.jsonl"
+EVAL_EPISODES_FILE = "eval_episodes.jsonl"
 VOCABULARY_FILE = "vocabulary.json"
 SUMMARY_FILE = "summary.json"
 RESULTS_FILE = "results.md"
 TENSORBOARD_DIR = "tensorboard"
-JSONL_FILES = (METRICS_FILE, ROLLOUTS_FILE, EVAL_FILE)
+JSONL_FILES = (METRICS_FILE, ROLLOUTS_FILE, EVAL_FILE, EVAL_EPISODES_FILE)
 RESULT_KEYS = ("pass_rate", "ci_low", "ci_high", "episodes")
 _RESERVED_METRIC_KEYS = ("step", "time", "wall")
 _EVENT_FILE_PREFIX = "events.out.tfevents."
@@ -481,3 +484,16 @@ class RunLog:
       f.write("".join(line + "\n" for line in kept))
     os.replace(tmp, path)
     return last
+
+  def eval_episodes(self, step: int, records: Sequence[Mapping[str, Any]]) -> None:
+    """Appends one eval_episodes.jsonl line per evaluation episode, {"step": step, **record}
+    (records from `rised_jax.evaluate.episode_records`)."""
+    self._check_open("eval_episodes")
+    step = _check_step(step, "eval_episodes")
+    lines = []
+    for i, record in enumerate(records):
+      if not isinstance(record, Mapping) or "step" in record:
+        raise ValueError(f"RunLog.eval_episodes: records[{i}] = {record!r:.200}; expected a dict "
+                         "without a 'step' key")
+      lines.append({"step": step, **record})
+    self._append(EVAL_EPISODES_FILE, lines)

@@ -729,3 +729,53 @@ def test_normalize_and_shown():
   assert parsing.shown("<answer>" + "x" * 100 + "</answer>") == "x" * 37 + "..."
   assert parsing.shown("bad\x00reply\nlast line") == "last line"
   assert parsing.candidates(None) == [] and parsing.candidates("") == []
+
+
+# ---- instance identity -----------------------------------------------------------------------
+
+
+def _game(env: envs.Environment) -> tuple:
+  """What makes an episode this game, read from the environment's attributes right after
+  reset (written independently of the environments' `_instance`)."""
+  if isinstance(env, frozenlake.FrozenLake):
+    return (env.start, env.goal, frozenset(env.holes))
+  if isinstance(env, maze.Maze):
+    return (frozenset((c, frozenset(h)) for c, h in env.passages.items()), env.goal, env.state)
+  if isinstance(env, sokoban.Sokoban):
+    return (frozenset(env.walls), frozenset(env.targets), env.player, frozenset(env.boxes))
+  if isinstance(env, countdown.Countdown):
+    return (tuple(sorted(env.numbers)), env.target)
+  if isinstance(env, wordle.Wordle):
+    return env.secret
+  return (frozenset((room, frozenset(r)) for room, r in env.world.rooms.items()),
+          frozenset(env.world.location.items()), env.world.room, frozenset(env.goals))
+
+
+SMALL_DIFFICULTY = {"frozenlake": dict(size=2, holes=0, min_distance=1, max_turns=1),
+                    "maze": dict(width=2, height=2, min_distance=1, max_turns=3),
+                    "sokoban": dict(width=5, height=5, walls=0, min_moves=1, max_moves=1),
+                    "countdown": dict(numbers=3, min_steps=1, max_turns=2),
+                    "wordle": {}, "household": dict(rooms=1, receptacles=2, objects=1)}
+
+
+@pytest.mark.parametrize("name", ENV_NAMES)
+def test_instance_key_is_equal_exactly_for_the_same_game(name):
+  """Small difficulties make many seeds collide: the key must group them as the games do."""
+  env = envs.make(name, **SMALL_DIFFICULTY[name])
+  by_key, by_game = {}, {}
+  for seed in range(300):
+    env.reset(seed)
+    key = env.instance_key()
+    by_key.setdefault(key, set()).add(seed)
+    by_game.setdefault(_game(env), set()).add(seed)
+    play(env, env.oracle()[:1])      # playing does not change which game it is
+    assert env.instance_key() == key == envs.instance_key(name, seed, SMALL_DIFFICULTY[name])
+  assert sorted(map(sorted, by_key.values())) == sorted(map(sorted, by_game.values()))
+  assert len(by_key) < 300    # collisions happen: the test compares non-trivial partitions
+  assert len(by_key) > 1
+
+
+def test_frozenlake_instance_space_of_the_smallest_maps():
+  """2x2, no holes, goal next to the start: 4 starts x 2 neighbours = 8 games."""
+  keys = {envs.instance_key("frozenlake", s, SMALL_DIFFICULTY["frozenlake"]) for s in range(500)}
+  assert len(keys) == 8

@@ -1,4 +1,5 @@
 """Vocabulary loading, lenient answer parsing, the rule-based judge, the judge prompt, profiles."""
+import dataclasses
 import json
 import re
 
@@ -9,6 +10,7 @@ from rised_jax import envs
 from rised_jax.rubrics import (RuleBasedJudge, Vocabulary, VocabularyError, make_judge,
                                parse_verdict, tag_frequencies)
 from rised_jax.rubrics.prompt import JudgePrompt, clip_text
+from rised_jax.rubrics.rule_judge import success_predictability
 from rised_jax.types import Event, Group, Task, Trajectory, Turn
 
 POSITIVES = ["valid_syntax", "makes_progress", "uses_feedback", "checks_before_irreversible",
@@ -114,7 +116,7 @@ def test_load_missing_file_names_builtins(tmp_path):
     ('{"tags": ["valid_syntax", "gave_up"]}', {"valid_syntax", "gave_up"}, False, 0),
     ('Here you go:\n```json\n{"tags": ["Efficient"]}\n```\nHope it helps', {"efficient"},
      False, 0),
-    ('Sure. {"Tags": ["reaches the goal without wasted turns", "GAVE UP"]} done.',
+    ('Sure. {"Tags": ["takes no wasted or losing turns", "GAVE UP"]} done.',
      {"efficient", "gave_up"}, False, 0),
     ('["malformed_action"]', {"malformed_action"}, False, 0),
     ('{"tags": "valid_syntax, loses_ground"}', {"valid_syntax", "loses_ground"}, False, 0),
@@ -166,7 +168,7 @@ RULE_CASES = {
         {"valid_syntax", "hallucinated_object", "gave_up"}),
     "stops without a done turn": (
         trajectory([turn(P), turn()]),
-        {"valid_syntax", "makes_progress", "gave_up"}),
+        {"valid_syntax", "makes_progress", "efficient", "gave_up"}),
     "no turn at all": (trajectory([]), {"gave_up"}),
     "falls in a hole": (
         trajectory([turn(P), turn(Event.IRREVERSIBLE_FAILURE, done=True)]),
@@ -174,7 +176,7 @@ RULE_CASES = {
     "follows feedback": (
         trajectory([turn(Event.USED_FEEDBACK), turn(Event.USED_FEEDBACK, S, done=True)],
                    success=True),
-        {"valid_syntax", "makes_progress", "uses_feedback", "efficient"}),
+        {"valid_syntax", "uses_feedback", "efficient"}),
     "uses and ignores feedback": (
         trajectory([turn(Event.USED_FEEDBACK), turn(Event.IGNORED_FEEDBACK)], truncated=True),
         {"valid_syntax", "ignores_feedback"}),
@@ -195,7 +197,7 @@ RULE_CASES = {
         {"valid_syntax", "makes_progress", "hallucinated_object", "recovers_from_mistakes"}),
     "failed at the env's own turn limit": (
         trajectory([turn(P), turn(done=True)]),
-        {"valid_syntax", "makes_progress"}),
+        {"valid_syntax", "makes_progress", "efficient"}),
 }
 
 
@@ -205,6 +207,30 @@ def test_rule_based_tags(vocab, name):
   verdict = RuleBasedJudge(vocab).verdict(traj)
   assert set(vocab.ids_of(verdict.tags)) == expected
   assert not verdict.untagged
+
+
+def test_no_rule_reads_the_outcome(vocab):
+  """Tags describe behaviour: the same turns with the outcome flipped get the same tags, and a
+  winning turn that reports only `success` is no progress (issue 14: `efficient` required
+  success and `makes_progress` counted the success event)."""
+  judge = RuleBasedJudge(vocab)
+  for name, (traj, _) in RULE_CASES.items():
+    flipped = dataclasses.replace(traj, success=not traj.success, reward=1.0 - traj.reward)
+    assert (judge.verdict(flipped).tags == judge.verdict(traj).tags).all(), name
+  won_at_once = trajectory([turn(S, done=True)], success=True)
+  assert set(vocab.ids_of(judge.verdict(won_at_once).tags)) == {"valid_syntax", "efficient"}
+
+
+def test_success_predictability_on_a_hand_worked_pool():
+  # Vectors: a (3 wins, 1 loss), b (0 wins, 2 losses), c (1 win, 1 loss): the best rule is
+  # right on 3 + 2 + 1 of 8 rollouts; 4 of 8 succeed, so a constant guess is right on 4.
+  a, b, c = [1, 0, 0], [0, 1, 0], [1, 1, 0]
+  tags = np.array([a, a, a, a, b, b, c, c], np.float32)
+  wins = np.array([1, 1, 1, 0, 0, 0, 1, 0], bool)
+  assert success_predictability(tags, wins) == (6 / 8, 4 / 8)
+  assert success_predictability(np.zeros((5, 3)), np.array([1, 0, 0, 0, 0])) == (0.8, 0.8)
+  with pytest.raises(ValueError, match="expected"):
+    success_predictability(np.zeros((0, 3)), np.zeros(0))
 
 
 def test_every_rule_both_fires_and_stays_silent(vocab):

@@ -336,3 +336,85 @@ def test_curriculum_failure_rate_and_exploration():
   # When the weighted environments run out of groups, the others fill the batch.
   chosen = selector.select(curriculum_pool({"easy": 1.0, "hard": 0.25}, groups_per_env=2), 4, 1)
   assert sorted(chosen) == [0, 1, 2, 3]
+
+
+# --- groups without a profile and cross-step overlap ------------------------------------------
+
+ARCHETYPES = {"A": [0, 1], "B": [2, 3], "C": [1, 4], "D": [0, 5]}
+
+
+def archetype_pool():
+  """8 groups of a common archetype A, 4 of B, 2 of C, 1 successful D, 1 untagged U (issue 14).
+  Returns the pool and each group's archetype letter."""
+  letters = ["A"] * 8 + ["B"] * 4 + ["C"] * 2 + ["D", "U"]
+  pool = []
+  for k, letter in enumerate(letters):
+    if letter == "U":
+      pool.append(make_group("x", k, None, [0, 0, 1, 0]))
+      continue
+    tags = np.zeros((4, NUM_TAGS))
+    tags[:, ARCHETYPES[letter]] = 1
+    pool.append(make_group("x", k, tags, [1, 1, 1, 1] if letter == "D" else [0, 1, 0, 0]))
+  return pool, letters
+
+
+@pytest.mark.parametrize("options", [{}, {"lam": 0.5}, {"with_success": True},
+                                     {"objective": "composition"}, {"history": "profile"}])
+def test_an_untagged_group_is_never_chosen_ahead_of_a_tagged_one(options):
+  """Old behaviour: U's zero profile scored 0 and MMR (λ = 2) picked A, B, U, C."""
+  pool, letters = archetype_pool()
+  for seed in range(20):
+    selector = make_selector("rised", seed=seed, **options)
+    for step in range(3):
+      picked = [letters[i] for i in selector.select(pool, 4, step)]
+      assert "U" not in picked, (seed, step, picked)
+    # Only when the tagged groups run out does U fill the batch, and last.
+    assert [letters[i] for i in selector.select(pool, 16, 9)][-1] == "U"
+  default = [letters[i] for i in make_selector("rised", seed=0).select(pool, 4, 0)]
+  assert default[:2] == ["A", "B"]
+
+
+def test_task_history_fires_on_a_repeated_instance_under_another_seed():
+  """Two seeds that generate the same one-move map are the same instance: chosen at step 0,
+  the instance is penalised at step 1 even though its seed is new."""
+  from rised_jax import envs
+  small = dict(size=2, holes=0, min_distance=1, max_turns=1)
+  keys = {}
+  for seed in range(100):
+    keys.setdefault(envs.instance_key("frozenlake", seed, small), []).append(seed)
+  (s0, s1), (t0, t1) = [seeds[:2] for seeds in list(keys.values())[:2]]
+  tags = np.tile(np.eye(1, NUM_TAGS, 0), (2, 1))
+
+  def group(seed):
+    return Group(Task("frozenlake", seed, small),
+                 make_group("frozenlake", seed, tags, [1, 0]).trajectories)
+
+  selector = make_selector("rised", history="task", history_weight=5.0, lam=0.0, seed=0)
+  first = selector.select([group(s0), group(t0)], 1, step=0)
+  repeat_of_first = [group(s1), group(t1)][first[0]]
+  other = [group(t1), group(s1)][first[0]]
+  assert selector.select([repeat_of_first, other], 1, step=1) == [1]
+  # Without the history reading the tie goes either way, by the seeded order.
+  plain = {tuple(make_selector("rised", lam=0.0, seed=s).select([repeat_of_first, other], 1, 1))
+           for s in range(10)}
+  assert plain == {(0,), (1,)}
+
+
+@pytest.mark.parametrize("name, arg", [("tiny_cpu.py", "rised"), ("tiny_cpu.py", "rised,easy"),
+                                       ("smollm2_cpu.py", "rised"),
+                                       ("rised_qwen3_multienv.py", "rised,4b"),
+                                       ("rised_qwen3_multienv.py", "rised,1.7b,local")])
+def test_rised_configs_roll_out_four_candidates_per_trained_group(name, arg):
+  import warnings
+  from pathlib import Path
+  from rised_jax import config as config_lib
+  from tests.test_trainer import load_config_file
+  config = load_config_file(Path(__file__).resolve().parent.parent / "experiments" / "configs"
+                            / name, arg)
+  assert config.select.pool_groups >= 4 * config.select.batch_groups
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    config_lib.validate(config)
+  config.select.pool_groups = config.select.batch_groups
+  with pytest.warns(UserWarning, match="pool_groups == batch_groups .* selection does nothing"):
+    config_lib.validate(config)

@@ -92,13 +92,13 @@ def test_prefix_text_and_none_without_positives(vocab):
   g = group(vocab, "maze", 0, (True, ["efficient", "valid_syntax"]), (True, ["efficient"]))
   prefix, positives = positive_teacher_prefix(SYSTEM, g, [g], vocab)
   assert prefix == ("You are an agent in a grid world.\n\nBehaviours that succeed here:\n"
-                    "- Reaches the goal without wasted turns\n"
+                    "- Takes no wasted or losing turns\n"
                     "- Uses valid action syntax on every turn")
   assert positives.source == "group"
   capped, _ = positive_teacher_prefix(SYSTEM, g, [g], vocab, max_tags=1)
-  assert capped.endswith("here:\n- Reaches the goal without wasted turns")
+  assert capped.endswith("here:\n- Takes no wasted or losing turns")
   bare, _ = positive_teacher_prefix("", g, [g], vocab, max_tags=1)
-  assert bare == "Behaviours that succeed here:\n- Reaches the goal without wasted turns"
+  assert bare == "Behaviours that succeed here:\n- Takes no wasted or losing turns"
   failed = group(vocab, "maze", 1, (False, ["efficient"]))
   prefix, positives = positive_teacher_prefix(SYSTEM, failed, [failed], vocab)
   assert prefix is None and positives.source == "none" and positives.tags == ()
@@ -138,7 +138,7 @@ def test_teacher_options_are_validated(vocab, tmp_path):
   teacher = PositiveTeacher(vocab, template_path=str(path))
   g = group(vocab, "maze", 0, (True, ["efficient"]))
   teacher.assign([g], [g], "S", 0)
-  assert g.teacher_prefix == "S | Reaches the goal without wasted turns"
+  assert g.teacher_prefix == "S | Takes no wasted or losing turns"
 
 
 # --- guidance memory --------------------------------------------------------------------------

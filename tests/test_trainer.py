@@ -1,4 +1,5 @@
-"""End to end through the trainer: artifacts, the analysis notebook, kill-and-resume, learning."""
+"""End to end through the trainer: artifacts, the analysis notebook, kill-and-resume (learning:
+tests/test_learning.py)."""
 from __future__ import annotations
 
 import importlib.util
@@ -61,7 +62,7 @@ def test_run_writes_every_artifact(tiny_run):
   assert {"pg_loss", "entropy", "grad_norm", "distill_loss", "judge/judged",
           "time/rollout"} <= set(metrics[1])
   rollouts = runlog.read_jsonl(workdir / "rollouts.jsonl")
-  assert len(rollouts) == steps * 4 * 4            # steps × pool groups × G
+  assert len(rollouts) == steps * 8 * 4            # steps × pool groups (K = 4B) × G
   assert sum(r["selected"] for r in rollouts) == steps * 2 * 4
   evals = runlog.read_jsonl(workdir / "eval.jsonl")
   assert sorted({e["step"] for e in evals}) == [0, steps]
@@ -124,15 +125,3 @@ def test_killed_run_resumes_like_an_uninterrupted_one(tiny_model, tmp_path):
   for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl"):
     assert (_without_volatile(runlog.read_jsonl(killed / name))
             == _without_volatile(runlog.read_jsonl(straight / name))), name
-
-
-@pytest.mark.slow
-def test_training_raises_the_pass_rate_of_an_easy_environment(tmp_path):
-  """One-move FrozenLake answered in one token: a random-init model wins about 1 % of
-  episodes; 30 RISED steps must lift the held-out greedy pass rate clearly above the start."""
-  model_dir = tiny.write(tmp_path / "model", ["frozenlake"])
-  summary = trainer.train(_config("rised,easy", model_dir), tmp_path / "run")
-  before = summary["before"]["frozenlake"]
-  after = summary["after"]["frozenlake"]
-  assert after["pass_rate"] >= 0.15
-  assert after["ci_low"] > before["pass_rate"]

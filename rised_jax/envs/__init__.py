@@ -3,13 +3,17 @@
     env = rised_jax.envs.make("sokoban", boxes=2)   # difficulty knobs are keyword arguments
     observation = env.reset(seed)
     observation, reward, done, info = env.step("<answer>up</answer>")
+    env.instance_key()                              # which game this seed generated
+
+`instance_key(name, seed, difficulty)` gives the same key without keeping an environment
+(memoised: the task stream and the selector ask for the same seeds).
 
 See `base.Environment` for the protocol and `parsing` for how replies are read.
 """
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Mapping
 
 from rised_jax.envs.base import Environment, Outcome
 from rised_jax.envs.countdown import Countdown
@@ -46,6 +50,26 @@ def make(name: str, **difficulty: Any) -> Environment:
   return cls(**difficulty)
 
 
+_ENVS: dict[tuple, Environment] = {}
+_KEYS: dict[tuple, str] = {}
+_MAX_CACHED_KEYS = 1 << 18
+
+
+def instance_key(name: str, seed: int, difficulty: Mapping[str, Any] | None = None) -> str:
+  """`make(name, **difficulty).reset(seed)`'s `instance_key()`, memoised per (name, knobs, seed)."""
+  knobs = tuple(sorted((str(k), repr(v)) for k, v in (difficulty or {}).items()))
+  cache_key = (name, knobs, int(seed))
+  if cache_key not in _KEYS:
+    env = _ENVS.get((name, knobs))
+    if env is None:
+      env = _ENVS[(name, knobs)] = make(name, **dict(difficulty or {}))
+    env.reset(int(seed))
+    if len(_KEYS) >= _MAX_CACHED_KEYS:
+      _KEYS.clear()
+    _KEYS[cache_key] = env.instance_key()
+  return _KEYS[cache_key]
+
+
 def _lookup(name: str) -> type[Environment]:
   if not isinstance(name, str) or name not in _REGISTRY:
     raise ValueError(f"unknown environment {name!r}; valid names: {names()}")
@@ -53,4 +77,5 @@ def _lookup(name: str) -> type[Environment]:
 
 
 __all__ = ["Environment", "Outcome", "format_answer", "make", "names", "difficulty_keys",
+           "instance_key",
            "Countdown", "FrozenLake", "Household", "Maze", "Sokoban", "Wordle"]

@@ -22,6 +22,10 @@ reported with `truncated=True`). The reward is 1.0 on success and 0.0 otherwise;
 `shaping > 0` every step also earns `shaping * (#progress - #regress)`.
 
 `read_action(reply)` tells which action a reply would play, without playing it.
+`instance_key()` names the game the last `reset` generated: two seeds that generate the same
+layout / secret / numbers and target give the same key (training and evaluation sets are
+disjoint by this key, not by seed; `rised_jax.evaluate`, `rised_jax.tasks`). Chance that is
+drawn during play (FrozenLake's slip) is not part of the instance.
 `oracle()` returns plain canonical action texts (not wrapped in `<answer>` tags; use
 `parsing.format_answer`) that solve the episode from its CURRENT state; environments with
 chance (FrozenLake's slip) plan as if the next steps go as intended, so call it again after
@@ -29,12 +33,13 @@ every step. Every environment is deterministic given the seed and the actions: a
 comes from the `random.Random(seed)` that `reset` creates.
 
 A subclass implements the hooks below the public methods: `_generate`, `_parse`, `_apply`,
-`_render`, `_state_key`, `_solve`, `action_space` and `system_prompt`.
+`_render`, `_state_key`, `_instance`, `_solve`, `action_space` and `system_prompt`.
 """
 from __future__ import annotations
 
 import abc
 import dataclasses
+import hashlib
 import numbers
 import random
 from typing import Any, ClassVar, Hashable
@@ -125,6 +130,8 @@ class Environment(abc.ABC):
     self._tried = set()
     self._last_action = None
     self._generate(self._rng)
+    digest = hashlib.sha256(repr(self._instance()).encode()).hexdigest()[:16]
+    self._instance_key = f"{self.name}:{digest}"
     return f"{self._render()}\n{self._turns_left_text()}"
 
   def step(self, action_text: Any) -> StepResult:
@@ -187,6 +194,13 @@ class Environment(abc.ABC):
       return None
     return "give up" if action is _GIVE_UP else self._format(action)
 
+  def instance_key(self) -> str:
+    """'<env>:<16 hex digits>', a digest of the instance `reset` generated (stable across
+    runs and processes: a SHA-256 of `repr(_instance())`)."""
+    if self._rng is None:
+      raise RuntimeError(f"{self.name}: call reset(seed) before instance_key()")
+    return self._instance_key
+
   def oracle(self) -> list[str]:
     """Canonical action texts that reach the goal from the current state ([] once over)."""
     if self._rng is None:
@@ -216,6 +230,11 @@ class Environment(abc.ABC):
   @abc.abstractmethod
   def _state_key(self) -> Hashable:
     """A hashable snapshot of everything an action can change."""
+
+  @abc.abstractmethod
+  def _instance(self) -> tuple:
+    """What `_generate` drew, canonically (sorted; plain ints, strings and tuples): equal for
+    two seeds exactly when they start the same game. `reset` reads it right after `_generate`."""
 
   @abc.abstractmethod
   def _solve(self) -> list[str]:

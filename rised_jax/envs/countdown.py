@@ -134,6 +134,7 @@ class Countdown(base.Environment):
       steps = min_operations(tuple(sorted(numbers)), target)
       if self.min_target <= target <= self.max_target and self.min_steps <= steps <= self.max_turns:
         self.numbers, self.target = numbers, target
+        self.start_numbers = tuple(sorted(numbers))
         return
     raise RuntimeError(f"countdown: no instance with a target in [{self.min_target}, "
                        f"{self.max_target}] needing >= {self.min_steps} steps in "
@@ -180,6 +181,9 @@ class Countdown(base.Environment):
 
   def _state_key(self) -> Hashable:
     return tuple(sorted(self.numbers))
+
+  def _instance(self) -> tuple:
+    return (self.start_numbers, self.target)   # the order they are listed in is not the game
 
   def _solve(self) -> list[str]:
     return [format_operation(op) for op in shortest_plan(tuple(self.numbers), self.target) or []]

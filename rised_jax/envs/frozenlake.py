@@ -127,6 +127,9 @@ class FrozenLake(base.Environment):
   def _state_key(self) -> Hashable:
     return self.player
 
+  def _instance(self) -> tuple:
+    return (self.size, self.start, self.goal, tuple(sorted(self.holes)))
+
   def _solve(self) -> list[str]:
     plan, cell = [], self.player
     while cell != self.goal:

@@ -192,6 +192,8 @@ class Household(base.Environment):
     self.world = World(rooms, location, set(), rng.choice(room_names))
     self.goals = [(obj, rng.choice([r for r in receptacles if r != location[obj]]))
                   for obj in rng.sample(objects, self.num_goals)]
+    self.start = (tuple(sorted((room, tuple(sorted(recs))) for room, recs in rooms.items())),
+                  tuple(sorted(location.items())), self.world.room, tuple(sorted(self.goals)))
 
   def _parse(self, candidate: str) -> Command | None:
     text = _ARTICLES_RE.sub("", candidate).strip()
@@ -295,6 +297,9 @@ class Household(base.Environment):
   def _state_key(self) -> Hashable:
     world = self.world
     return (world.room, tuple(sorted(world.location.items())), tuple(sorted(world.opened)))
+
+  def _instance(self) -> tuple:
+    return self.start   # listing order (rooms, receptacles) is presentation, not the game
 
   def _solve(self) -> list[str]:
     return [str(command) for command in plan(self.world, self.goals)]

@@ -119,6 +119,7 @@ class Maze(base.Environment):
       if (_cell_distance(start, goal, passages) >= self.min_distance
           and len(shortest_actions(state, goal, passages)) <= self.max_turns):
         self.passages, self.goal, self.state = passages, goal, state
+        self.start_state = state
         return
     raise RuntimeError(f"maze: no start/exit pair at least {self.min_distance} cells apart and "
                        f"at most {self.max_turns} actions apart in {_MAX_GENERATION_TRIES} tries; "
@@ -163,6 +164,10 @@ class Maze(base.Environment):
 
   def _state_key(self) -> Hashable:
     return self.state
+
+  def _instance(self) -> tuple:
+    passages = tuple(sorted((cell, tuple(sorted(exits))) for cell, exits in self.passages.items()))
+    return (self.width, self.height, passages, self.goal, self.start_state)
 
   def _solve(self) -> list[str]:
     return shortest_actions(self.state, self.goal, self.passages)

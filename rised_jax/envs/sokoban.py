@@ -135,6 +135,7 @@ class Sokoban(base.Environment):
       return False
     self.walls, self.targets = walls, targets
     self.player, self.boxes = player, frozenset(boxes)
+    self.start = (player, tuple(sorted(boxes)))
     return True
 
   def _parse(self, candidate: str) -> str | None:
@@ -195,6 +196,10 @@ class Sokoban(base.Environment):
 
   def _state_key(self) -> Hashable:
     return (self.player, self.boxes)
+
+  def _instance(self) -> tuple:
+    return (self.width, self.height, tuple(sorted(self.walls)), tuple(sorted(self.targets)),
+            self.start)
 
   def _solve(self) -> list[str]:
     return solve(self.walls, self.targets, self.player, self.boxes) or []

@@ -195,6 +195,9 @@ class Wordle(base.Environment):
   def _state_key(self) -> Hashable:
     return tuple(self.history)
 
+  def _instance(self) -> tuple:
+    return (self.secret,)
+
   def _solve(self) -> list[str]:
     return solver_for(self.words).play(self.secret, self.history)
 

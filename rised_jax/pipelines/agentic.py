@@ -12,6 +12,12 @@ Stages, each a component chosen by the config:
              teacher rows = teacher prefix ⊕ the same response;
   observe    the guidance memory folds in the pool's negative tags.
 
+Besides rollout success per env, `metrics` logs judge/{env}/success_from_tags: the accuracy
+of the best rule that predicts a rollout's success from its tag vector (exact definition in
+`rubrics.rule_judge.success_predictability`), beside judge/{env}/success_base_rate, what
+predicting the majority outcome reaches: profiles carry information of their own only where
+the first stays well below 1.
+
 A rollout group spoilt by a failed engine request is dropped from the pool (`AgentLoop`); the
 step's metrics count it with the engine's retries and the rollouts the judge left unjudged
 (`rollout/groups_dropped`, `rollout/server_retries`, `judge/failed`).
@@ -19,20 +25,23 @@ step's metrics count it with the engine's retries and the rollouts the judge lef
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rised_jax import evaluate, rubrics, select, teach
+from rised_jax import evaluate, rubrics, select, tasks, teach
 from rised_jax.learn import advantages as advantages_lib
 from rised_jax.learn.batching import Row
 from rised_jax.rollout.agent_loop import AgentLoop, make_env
 from rised_jax.rollout.base import SamplingParams, server_retries
 from rised_jax.rollout.text import text_generator
-from rised_jax.tasks import TaskStream
+from rised_jax.rubrics import rule_judge
+from rised_jax.rubrics.profiles import is_tagged
 from rised_jax.types import Group
 
 log = logging.getLogger(__name__)
+
 
 def agent_loop(config, engine, tokenizer, temperature: float) -> AgentLoop:
   return AgentLoop(engine, tokenizer,
@@ -64,8 +73,17 @@ class AgenticPipeline:
                     if config.teacher.enabled else None)
     self.guidance = (teach.GuidanceMemory(self.vocab, **config.guidance.options.to_dict())
                      if config.guidance.enabled else None)
-    self.tasks = TaskStream(config.envs.names, config.envs.difficulty.to_dict(),
-                            seed=config.seed, eval_seed_offset=config.eval.seed_offset)
+    difficulty = config.envs.difficulty.to_dict()
+    self.eval_samples = evaluate.check_sampling(config.eval.pass_at_k, config.eval.temperature)
+    held_out = evaluate.eval_tasks(config.envs.names, difficulty, config.eval.episodes_per_env,
+                                   config.eval.seed_offset)
+    self.tasks = tasks.TaskStream(config.envs.names, difficulty, seed=config.seed,
+                                  eval_seed_offset=config.eval.seed_offset,
+                                  exclude=evaluate.instance_keys(held_out))
+    for message in tasks.repeat_warnings(self.tasks,
+                                         config.train.steps * config.select.pool_groups):
+      warnings.warn(message, stacklevel=2)
+    self.eval_episodes: list[dict[str, Any]] = []   # the last evaluation's episode records
     self.faults: dict[str, float] = {}   # the last roll-out's fault counters
 
   def roll_out(self, step: int) -> list[Group]:
@@ -132,10 +150,14 @@ class AgenticPipeline:
       self.guidance.update(pool)
 
   def evaluate(self) -> dict[str, dict[str, float]]:
-    results = evaluate.evaluate(self.eval_loop, self.config.envs.names,
-                                self.config.envs.difficulty.to_dict(),
-                                episodes=self.config.eval.episodes_per_env,
-                                seed_offset=self.config.eval.seed_offset, seed=self.config.seed)
+    """Pass rates; the episodes' records (tags from the rule judge only: an LLM judge would
+    cost requests per evaluation) are kept in `eval_episodes`."""
+    judge = self.judge_backend if self.config.judge.backend == "rules" else None
+    results, groups = evaluate.evaluate(
+        self.eval_loop, self.config.envs.names, self.config.envs.difficulty.to_dict(),
+        episodes=self.config.eval.episodes_per_env, seed_offset=self.config.eval.seed_offset,
+        seed=self.config.seed, samples=self.eval_samples, judge=judge)
+    self.eval_episodes = evaluate.episode_records(groups, self.vocab)
     if self.eval_loop.groups_dropped:   # the results' episode counts show which envs lost them
       log.warning("evaluation: %d episodes dropped after failed engine requests",
                   self.eval_loop.groups_dropped)
@@ -146,6 +168,12 @@ class AgenticPipeline:
     for env in sorted({g.task.env for g in pool}):
       groups = [g for g in pool if g.task.env == env]
       metrics[f"rollout/{env}/success"] = float(np.mean([g.successes.mean() for g in groups]))
+      tagged = [t for g in groups for t in g.trajectories if is_tagged(t)]
+      if tagged:   # how much the profiles reveal the reward (rule_judge.success_predictability)
+        accuracy, base_rate = rule_judge.success_predictability(
+            np.stack([t.tags for t in tagged]), np.asarray([t.success for t in tagged]))
+        metrics[f"judge/{env}/success_from_tags"] = accuracy
+        metrics[f"judge/{env}/success_base_rate"] = base_rate
       if self.guidance is not None:
         metrics[f"guidance/{env}/active_tags"] = float(len(self.guidance.active_tags(env)))
     trajectories = [t for g in pool for t in g.trajectories]

@@ -22,8 +22,11 @@ Parse time is linear in the answer's length: at most `MAX_CANDIDATES` fenced blo
 `MAX_CANDIDATES` embedded objects (each an opening `{"`) are decoded, and each decode is linear.
 (Trying every `{` would be quadratic: a failed decode at offset k costs O(k) to locate its error.)
 
-"Untagged" means the rollout's tags are unknown: selection ignores its tag vector and no
-teacher or guidance statistic counts it, so a failed judgement never reads as "all good".
+"Untagged" means the rollout's tags are unknown: no teacher or guidance statistic counts it,
+so a failed judgement never reads as "all good". In RISED selection (`select/rised.py`) a
+group's profile is the mean over its tagged rollouts only; a group with no tagged rollout has
+no profile at all: it is left out of the pool composition, alignment, redundancy and history,
+and chosen only when fewer than B groups have a profile, after all of them.
 """
 from __future__ import annotations
 

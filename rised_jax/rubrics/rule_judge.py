@@ -1,28 +1,39 @@
 """The rule-based judge: tags from the environments' event traces (offline default).
 
 Deterministic and free. Each built-in tag id has one rule over the trajectory's turns
-(`Turn.events`, values of `rised_jax.types.Event`, and `Turn.invalid`) and its outcome.
+(`Turn.events`, values of `rised_jax.types.Event`, and `Turn.invalid`). Tags describe
+behaviour, never the outcome: no rule reads `success` (or the `success` event), so "profiles"
+and "rewards" stay different signals; a selector that wants the outcome adds it as a feature of
+its own (RISED's `with_success`). How much the tags still reveal about success (a winning move
+usually is a `progress` move) is measured per environment by `success_predictability` below
+and logged each step as judge/{env}/success_from_tags.
+
 A turn is *invalid* when it reports `invalid_action`, or `Turn.invalid` is set and it does not
 report `unknown_object` (environments also refuse to execute actions on unknown objects: that
 is a hallucination, not a syntax error); *ineffective* when it is invalid or reports
-`no_effect`; *wasted* when it is ineffective or reports `repeated_action`, `regress` or
-`unknown_object`; a *mistake* when it is ineffective or reports `regress` or `unknown_object`.
+`no_effect`; a *mistake* when it is ineffective or reports `regress` or `unknown_object`;
+*wasted* when it is a mistake or reports `repeated_action`, `ignored_feedback`,
+`irreversible_failure` or `gave_up`.
 
 | tag id                       | pol. | applies when |
 | ---------------------------- | ---- | ------------ |
 | valid_syntax                 | +    | at least one turn and no invalid turn |
-| makes_progress               | +    | at least `progress_min_fraction` (0.5) of the turns report `progress` or `success` |
+| makes_progress               | +    | at least `progress_min_fraction` (0.5) of the turns report `progress` |
 | uses_feedback                | +    | some turn reports `used_feedback` and none `ignored_feedback` |
-| recovers_from_mistakes       | +    | a mistake is followed, in a later turn, by `progress` or `success` |
-| efficient                    | +    | the episode succeeded with at most `efficient_max_wasted_turns` (0) wasted turns |
+| recovers_from_mistakes       | +    | a mistake is followed, in a later turn, by `progress` |
+| efficient                    | +    | at least one turn and at most `efficient_max_wasted_turns` (0) wasted turns |
 | checks_before_irreversible   | +    | no rule: no event reveals it (only LLM judges set it) |
 | repeats_ineffective_action   | -    | a turn reports `repeated_action` and it, or the turn before it, is ineffective |
 | malformed_action             | -    | some turn is invalid |
 | hallucinated_object          | -    | some turn reports `unknown_object` |
-| gave_up                      | -    | some turn reports `gave_up`; or the episode failed, was not truncated, reported no `irreversible_failure`, and its last turn is not `done` (the agent stopped on its own), or it has no turn |
+| gave_up                      | -    | some turn reports `gave_up`; or the agent stopped on its own: the episode has no turn, or its last turn is not `done` and it was not truncated |
 | ignores_feedback             | -    | some turn reports `ignored_feedback` |
 | irreversible_losing_step     | -    | some turn reports `irreversible_failure` |
 | loses_ground                 | -    | more turns report `regress` than `progress` |
+
+Until issue 14, `efficient` required success and `makes_progress` / `recovers_from_mistakes`
+counted the success event: with the rest, the tag vector decided success in 97–100 % of
+rollouts for Countdown, Sokoban and Wordle, and profile selection collapsed to reward selection.
 
 A vocabulary without some of these ids simply never gets them; a vocabulary with none of
 them is refused. Rule-based verdicts are never untagged.
@@ -44,8 +55,9 @@ Events = list[frozenset[str]]   # per turn, the event names
 
 # Besides ineffective turns (invalid or no_effect), which are both mistakes and waste:
 _MISTAKE_EVENTS = frozenset({Event.REGRESS.value, Event.UNKNOWN_OBJECT.value})
-_WASTE_EVENTS = _MISTAKE_EVENTS | {Event.REPEATED_ACTION.value}
-_ADVANCE_EVENTS = frozenset({Event.PROGRESS.value, Event.SUCCESS.value})
+_WASTE_EVENTS = _MISTAKE_EVENTS | {Event.REPEATED_ACTION.value, Event.IGNORED_FEEDBACK.value,
+                                   Event.IRREVERSIBLE_FAILURE.value, Event.GAVE_UP.value}
+_PROGRESS = Event.PROGRESS.value
 
 
 def event_names(turn: Turn) -> frozenset[str]:
@@ -115,7 +127,7 @@ class RuleBasedJudge(Judge):
     return bool(traj.turns) and not self._malformed_action(traj, events)
 
   def _makes_progress(self, traj: Trajectory, events: Events) -> bool:
-    advancing = sum(bool(e & _ADVANCE_EVENTS) for e in events)
+    advancing = sum(_PROGRESS in e for e in events)
     return bool(events) and advancing >= self.progress_min_fraction * len(events)
 
   def _uses_feedback(self, traj: Trajectory, events: Events) -> bool:
@@ -125,7 +137,7 @@ class RuleBasedJudge(Judge):
   def _recovers_from_mistakes(self, traj: Trajectory, events: Events) -> bool:
     mistake_seen = False
     for turn, e in zip(traj.turns, events):
-      if mistake_seen and e & _ADVANCE_EVENTS:
+      if mistake_seen and _PROGRESS in e:
         return True
       mistake_seen |= self._ineffective(turn, e) or bool(e & _MISTAKE_EVENTS)
     return False
@@ -133,7 +145,7 @@ class RuleBasedJudge(Judge):
   def _efficient(self, traj: Trajectory, events: Events) -> bool:
     wasted = sum(self._ineffective(t, e) or bool(e & _WASTE_EVENTS)
                  for t, e in zip(traj.turns, events))
-    return traj.success and wasted <= self.efficient_max_wasted_turns
+    return bool(events) and wasted <= self.efficient_max_wasted_turns
 
   def _repeats_ineffective_action(self, traj: Trajectory, events: Events) -> bool:
     return any(Event.REPEATED_ACTION.value in events[i]
@@ -150,9 +162,7 @@ class RuleBasedJudge(Judge):
   def _gave_up(self, traj: Trajectory, events: Events) -> bool:
     if any(Event.GAVE_UP.value in e for e in events):
       return True
-    stopped_on_its_own = not traj.turns or not traj.turns[-1].done
-    return (not traj.success and not traj.truncated and stopped_on_its_own
-            and not self._irreversible_losing_step(traj, events))
+    return not traj.turns or (not traj.turns[-1].done and not traj.truncated)
 
   def _ignores_feedback(self, traj: Trajectory, events: Events) -> bool:
     return any(Event.IGNORED_FEEDBACK.value in e for e in events)
@@ -163,3 +173,27 @@ class RuleBasedJudge(Judge):
   def _loses_ground(self, traj: Trajectory, events: Events) -> bool:
     return (sum(Event.REGRESS.value in e for e in events)
             > sum(Event.PROGRESS.value in e for e in events))
+
+
+def success_predictability(tags: np.ndarray, successes: np.ndarray) -> tuple[float, float]:
+  """How well the tag vectors predict success: (accuracy of the best rule, base rate).
+
+  tags [N, D] (multi-hot), successes [N] (bool). The best rule on the full tag vector predicts,
+  for each distinct vector v, the majority outcome of the rollouts tagged exactly v; its
+  accuracy is (1/N)·Σ_v max(#successes with v, #failures with v), the highest any function of
+  the tags reaches on these rollouts (in-sample). The base rate max(p, 1 − p), p the success
+  rate, is what a constant prediction reaches: accuracy = base rate means the tags say nothing
+  about the outcome, accuracy = 1 means they decide it.
+  """
+  tags = np.asarray(tags)
+  successes = np.asarray(successes, bool)
+  if tags.ndim != 2 or successes.shape != (len(tags),) or not len(tags):
+    raise ValueError(f"success_predictability: tags {tags.shape} and successes "
+                     f"{successes.shape}; expected [N, D] and [N] with N >= 1")
+  _, vector_id = np.unique(tags > 0.5, axis=0, return_inverse=True)
+  vector_id = vector_id.reshape(-1)
+  wins = np.bincount(vector_id, weights=successes)
+  totals = np.bincount(vector_id)
+  accuracy = float(np.maximum(wins, totals - wins).sum() / len(tags))
+  rate = float(successes.mean())
+  return accuracy, max(rate, 1.0 - rate)

@@ -1,10 +1,14 @@
 """RISED's profile-guided group selection (docs/ALGORITHMS.md §2.4).
 
-Profile of a group: φ_g = the mean tag vector of its tagged rollouts (zeros when none is
-tagged), optionally ⊕ its success rate. Pool composition: φ̄ = the mean φ_g over the groups
-with at least one tagged rollout (over all groups when none has one). B groups are chosen
-greedily; ties are broken by a per-step random order, so identical profiles are not biased
-toward the front of the pool.
+Profile of a group: φ_g = the mean tag vector of its tagged rollouts, optionally ⊕ its success
+rate (`with_success`: then success is one more feature beside the behaviour tags). A group
+with no tagged rollout (the judge failed on all of them, or never ran) has NO profile: it takes
+no part in the pool composition, alignment, redundancy or history, and is chosen only when
+fewer than B groups have a profile, after all of them, in the step's random order. (Giving it
+the zero vector instead would make its MMR score 0 — never penalised as redundant, so it beats
+any group that overlaps an earlier pick by more than half its alignment.) Pool composition:
+φ̄ = the mean φ_g over the profiled groups. B groups are chosen greedily; ties are broken by a
+per-step random order, so identical profiles are not biased toward the front of the pool.
 
 Objectives (`objective`), with S the groups chosen so far and `redundancy(g) = max_{s∈S}
 sim(φ_g, φ_s)` (0 while S is empty):
@@ -22,15 +26,18 @@ Options — every one is this project's reconstruction **[R-choice]**:
 | lam             | None: 2.0 for "mmr", 0.01 for "composition" | any float ≥ 0 | λ, weight of redundancy (cosine, in [0, 1]). λ = 0 makes MMR pure alignment (top-B by sim(φ_g, φ̄)). The defaults are scaled to each objective's units: a squared distance between tag means is ~0.01–0.3, a similarity ~0.5–1 |
 | similarity      | "cosine"  | "dot"                  | sim(a, b); cosine of a zero vector is 0 |
 | with_success    | False     | True                   | append the group's success rate to φ_g |
-| history         | "none"    | "task", "profile"      | what "already-selected data" means: "none" = only the groups already in this step's S (the λ term); "task" = tasks (env, seed) chosen in recent steps; "profile" = profiles similar to those chosen in recent steps |
+| history         | "none"    | "task", "profile"      | what "already-selected data" means: "none" = only the groups already in this step's S (the λ term); "task" = instances (`envs.instance_key`; seeds that generate the same game are the same instance) chosen in recent steps; "profile" = profiles similar to those chosen in recent steps |
 | history_weight  | 0.5       | any float ≥ 0          | μ, weight of the history penalty |
 | history_decay   | 0.5       | (0, 1]                 | γ: a choice made d steps ago weighs γ^d |
 | history_window  | 8         | int ≥ 1                | steps a choice is remembered |
 
-History penalties: "task": μ·γ^(t − t_last(task)) if the group's task was chosen at step
-t_last within the window; "profile": μ·max_{(t_h, φ_h)} γ^(t − t_h)·sim(φ_g, φ_h) over the
-remembered chosen profiles. The memory is updated with this step's choice and saved by
-`state_dict()`.
+History penalties: "task": μ·γ^(t − t_last) if the group's instance was chosen at step t_last
+within the window (tasks of environments outside the registry, e.g. synthetic pools, are
+their own instance: `Task.key`); "profile": μ·max_{(t_h, φ_h)} γ^(t − t_h)·sim(φ_g, φ_h) over
+the remembered chosen profiles. The training stream never repeats a seed, so "task" fires only
+where the instance space is small enough for seeds to collide (the stream warns then);
+"profile" fires whenever a candidate resembles a recent choice. The memory is updated with
+this step's choice and saved by `state_dict()`.
 
 What the objectives achieve (tests/test_select.py, random pools of 32–64 groups over 13
 tags): composition matching brings the chosen mean profile far closer to φ̄ than random
@@ -45,9 +52,17 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from rised_jax import envs
 from rised_jax.rubrics.profiles import has_tagged_rollout, pool_profiles
 from rised_jax.select.base import Selector, argmax_with_ties, check_choice
-from rised_jax.types import Group
+from rised_jax.types import Group, Task
+
+
+def instance_of(task: Task) -> str:
+  """The instance key of a task (its `Task.key` outside the environment registry)."""
+  if task.env in envs.names():
+    return envs.instance_key(task.env, task.seed, task.difficulty)
+  return task.key
 
 
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -134,13 +149,19 @@ class RisedSelector(Selector):
     if not pool:
       return []
     profiles = pool_profiles(pool, self.with_success)
-    informative = np.asarray([has_tagged_rollout(g) for g in pool])
-    target = profiles[informative].mean(0) if informative.any() else profiles.mean(0)
-    penalty = self._history_penalty(pool, profiles, step)
-    chosen = greedy_select(profiles, target, batch_size, self.objective, self.lam,
-                           self.similarity, penalty, rng.permutation(len(pool)))
+    order = rng.permutation(len(pool))
+    has_profile = np.asarray([has_tagged_rollout(g) for g in pool])
+    profiled = [int(i) for i in order if has_profile[i]]     # in the step's random order
+    chosen = []
+    if profiled:
+      sub = profiles[profiled]
+      penalty = self._history_penalty([pool[i] for i in profiled], sub, step)
+      picks = greedy_select(sub, sub.mean(0), batch_size, self.objective, self.lam,
+                            self.similarity, penalty, np.arange(len(profiled)))
+      chosen = [profiled[i] for i in picks]
     self._remember(pool, profiles, chosen, step)
-    return chosen
+    # Groups without a profile: only after every profiled group, in the same random order.
+    return chosen + [int(i) for i in order if not has_profile[i]][:batch_size - len(chosen)]
 
   def _age_weight(self, step: int, then: int) -> float:
     age = step - then
@@ -151,8 +172,8 @@ class RisedSelector(Selector):
     penalty = np.zeros(len(pool))
     if self.history == "task":
       for i, group in enumerate(pool):
-        if group.task.key in self._task_steps:
-          penalty[i] = self._age_weight(step, self._task_steps[group.task.key])
+        if instance_of(group.task) in self._task_steps:
+          penalty[i] = self._age_weight(step, self._task_steps[instance_of(group.task)])
     elif self.history == "profile" and self._profiles:
       past = np.stack([phi for _, phi in self._profiles])
       if past.shape[1] != profiles.shape[1]:
@@ -167,7 +188,7 @@ class RisedSelector(Selector):
                 step: int) -> None:
     if self.history == "task":
       for i in chosen:
-        self._task_steps[pool[i].task.key] = step
+        self._task_steps[instance_of(pool[i].task)] = step
       self._task_steps = {k: t for k, t in self._task_steps.items()
                           if step - t < self.history_window}
     elif self.history == "profile":
