@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from rised_jax.rollout.agent_loop import AgentLoop
-from rised_jax.runlog import wilson_interval
+from rised_jax.stats import wilson_interval
 from rised_jax.types import Group, Task
 
 
