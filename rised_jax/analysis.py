@@ -467,6 +467,19 @@ def plot_training_curves(curves: Mapping[str, MetricCurve], *, x: str = "step"):
   return fig
 
 
+def load_comparison(directory: str | os.PathLike[str]) -> dict[str, Any]:
+  """The comparison.json of a `rised-compare` directory."""
+  path = os.path.join(os.fspath(directory), "comparison.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"load_comparison: {path} does not exist; expected the --workdir of "
+                            "a finished rised-compare (or run rised-compare --aggregate on it)")
+  with open(path, encoding="utf-8") as f:
+    comparison = json.load(f)
+  if not isinstance(comparison, dict) or "pipelines" not in comparison:
+    raise ValueError(f"{path}: expected an object with key 'pipelines' (rised_jax.compare)")
+  return comparison
+
+
 def plot_comparison(comparison: Mapping[str, Any]):
   """Per pipeline of a `rised_jax.compare.aggregate` result: grouped bars (one per method) of
   the mean over seeds per environment and the mean, the 95 % t-interval as error bars, and the

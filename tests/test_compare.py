@@ -16,31 +16,11 @@ import pytest
 
 from rised_jax import compare
 from rised_jax.model import tiny
+from tests.run_fixtures import write_run
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_CONFIG = REPO / "experiments" / "configs" / "tiny_cpu.py"
 T_975 = {2: 12.706204736174698, 3: 4.302652729749464}   # Student-t 0.975 quantile by n (df n−1)
-
-
-def write_run(root: Path, preset: str, seed: int, values: dict[str, float], *,
-              pipeline: str = "agentic", steps: int = 2, rollouts: int = 8, tokens: int = 5,
-              finished: bool = True) -> Path:
-  """A run directory as the trainer leaves it, with the given final evaluation."""
-  workdir = compare.run_dir(root, preset, seed)
-  workdir.mkdir(parents=True)
-  (workdir / "config.json").write_text(json.dumps(
-      {"algorithm": preset, "seed": seed, "pipeline": pipeline, "train": {"steps": steps}}))
-  metric = compare.METRICS[pipeline]
-  with open(workdir / "eval.jsonl", "w") as f:
-    for step, scale in ((0, 0.0), (steps, 1.0)):
-      for env, value in values.items():
-        f.write(json.dumps({"step": step, "env": env, metric: value * scale, "episodes": 8}) + "\n")
-  with open(workdir / "rollouts.jsonl", "w") as f:
-    for i in range(rollouts):
-      f.write(json.dumps({"step": 1 + i % steps, "env": "maze", "agent_tokens": tokens}) + "\n")
-  if finished:
-    (workdir / "summary.json").write_text("{}")
-  return workdir
 
 
 RISED = {"maze": [0.5, 0.6, 0.7], "sokoban": [0.2, 0.2, 0.2]}
@@ -174,8 +154,9 @@ def test_config_argument_and_arguments():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-      p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+  env = {k: v for k, v in os.environ.items()   # rised-compare's own compile cache
+         if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
   return subprocess.run([sys.executable, "-m", "rised_jax.compare", *args], env=env,
                         capture_output=True, text=True, timeout=600)
 
@@ -191,14 +172,18 @@ def test_rised_compare_end_to_end_tiny(tmp_path):
   model = tiny.write(tmp_path / "model", ["frozenlake", "maze"])
   root = tmp_path / "cmp"
   args = ["--config", str(TINY_CONFIG), "--presets", "rised,grpo", "--seeds", "0,1",
-          "--workdir", str(root), f"--config.model.source={model}", "--config.train.steps=1"]
+          "--workdir", str(root), f"--config.model.source={model}", "--config.train.steps=1",
+          "--jobs=2"]
   listed = _cli(*args, "--list")
   assert listed.returncode == 0, listed.stderr
   commands = [shlex.split(line) for line in listed.stdout.splitlines()]
-  assert [(c[3], c[4], c[5]) for c in commands] == [
-      (f"--config={TINY_CONFIG}:{p}", f"--workdir={root / p / f'seed_{s}'}", f"--config.seed={s}")
+  cache = [f"JAX_COMPILATION_CACHE_DIR={root / 'jax_cache'}",
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0"]
+  assert commands == [
+      ["env", *cache, sys.executable, "-m", "rised_jax.main", f"--config={TINY_CONFIG}:{p}",
+       f"--workdir={root / p / f'seed_{s}'}", f"--config.seed={s}",
+       f"--config.model.source={model}", "--config.train.steps=1"]
       for p in ("rised", "grpo") for s in (0, 1)]
-  assert all(c[:3] == [sys.executable, "-m", "rised_jax.main"] for c in commands)
 
   start = time.monotonic()
   done = _cli(*args)
@@ -214,8 +199,8 @@ def test_rised_compare_end_to_end_tiny(tmp_path):
   means = {}
   for preset in ("rised", "grpo"):
     for env in [*table["envs"], "mean"]:
-      values = [evals[preset, s][env] if env != "mean" else float(np.mean(list(evals[preset, s].values())))
-                for s in (0, 1)]
+      values = [evals[preset, s][env] if env != "mean"
+                else float(np.mean(list(evals[preset, s].values()))) for s in (0, 1)]
       cell = table["methods"][preset]["per_env"][env]
       assert cell["values"] == pytest.approx(values)
       mean, sd = sum(values) / 2, abs(values[0] - values[1]) / math.sqrt(2)
@@ -232,6 +217,12 @@ def test_rised_compare_end_to_end_tiny(tmp_path):
   assert table["methods"]["rised"]["rollouts"] == [16, 16]
   assert table["methods"]["grpo"]["rollouts"] == [8, 8]
   assert set(table["bootstrap"]) == {"grpo"}
+  # The logged x-axis counters agree with the rollouts.jsonl budget.
+  for (preset, seed), _ in evals.items():
+    lines = (root / preset / f"seed_{seed}" / "metrics.jsonl").read_text().splitlines()
+    progress = [json.loads(line) for line in lines if "progress/rollouts" in line][-1]
+    assert progress["progress/rollouts"] == table["methods"][preset]["rollouts"][seed]
+    assert progress["progress/agent_tokens"] == table["methods"][preset]["agent_tokens"][seed]
   text = (root / "comparison.md").read_text()
   assert text in done.stdout and "| rised |" in text
   if os.path.exists(root / "comparison.png"):
@@ -246,7 +237,7 @@ def test_rised_compare_end_to_end_tiny(tmp_path):
   assert json.loads((root / "comparison.json").read_text())["pipelines"]["agentic"] == table
   assert _cli(*args, "--list").stdout == ""   # nothing left to run
   # A changed override does not reuse the finished runs.
-  changed = _cli(*args[:-1], "--config.train.steps=2")
+  changed = _cli(*args[:-2], "--config.train.steps=2")
   assert changed.returncode != 0 and "use a new --workdir" in changed.stderr
   aggregated = _cli("--aggregate", str(root))
   assert aggregated.returncode == 0 and text in aggregated.stdout
