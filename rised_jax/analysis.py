@@ -509,6 +509,8 @@ def plot_comparison(comparison: Mapping[str, Any]):
         ax.plot([x_pos] * len(cell["values"]), cell["values"], "o", markersize=3,
                 color="black", alpha=0.6)
     ax.set_xticks(np.arange(len(columns)), columns)
+    if table["metric"] == "pass_rate":   # a t-interval over few seeds can reach past [0, 1]
+      ax.set_ylim(-0.02, 1.02)
     ax.set(ylabel=table["metric"], title=f"{pipeline}: {table['metric']} over seeds "
            f"{table['seeds']} (95 % t-interval; dots: seeds)")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))

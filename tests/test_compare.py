@@ -150,6 +150,28 @@ def test_config_argument_and_arguments():
     compare.parse_args(["--presets", "rised", "--seeds", "0", "--workdir", "x"])
 
 
+def test_run_all_skips_finished_runs_runs_the_rest_and_reports_failures(tmp_path, monkeypatch):
+  """A stand-in trainer (a python -c that writes summary.json, or fails for seed 2)."""
+  def fake_command(spec, config, overrides):
+    code = ("import pathlib, sys; p = pathlib.Path(sys.argv[1]); "
+            "sys.exit(3) if p.name == 'seed_2' else (p / 'summary.json').write_text('{}')")
+    return [sys.executable, "-c", code, str(spec.workdir)]
+  monkeypatch.setattr(compare, "run_command", fake_command)
+  specs = compare.plan(tmp_path, ["rised"], [0, 1, 2])
+  write_run(tmp_path, "rised", 0, {"maze": 0.5})
+  (specs[0].workdir / compare.COMMAND_FILE).write_text(
+      json.dumps(compare.run_arguments(specs[0], "c.py", [])))
+  stamp = (specs[0].workdir / "summary.json").stat().st_mtime_ns
+  failures = compare.run_all(specs, "c.py", [], jobs=2)
+  assert failures == [f"rised seed 2: exit 3 (log: {specs[2].workdir / 'compare.log'})"]
+  assert (specs[0].workdir / "summary.json").stat().st_mtime_ns == stamp   # skipped
+  assert compare.is_finished(specs[1].workdir) and not compare.is_finished(specs[2].workdir)
+  assert json.loads((specs[1].workdir / compare.COMMAND_FILE).read_text()) == [
+      "--config=c.py:rised", f"--workdir={specs[1].workdir}", "--config.seed=1"]
+  with pytest.raises(ValueError, match="use a new --workdir"):
+    compare.run_all(specs, "c.py", ["--config.train.steps=9"])
+
+
 # ----------------------------------------------------------------------------- end to end
 
 
@@ -172,8 +194,7 @@ def test_rised_compare_end_to_end_tiny(tmp_path):
   model = tiny.write(tmp_path / "model", ["frozenlake", "maze"])
   root = tmp_path / "cmp"
   args = ["--config", str(TINY_CONFIG), "--presets", "rised,grpo", "--seeds", "0,1",
-          "--workdir", str(root), f"--config.model.source={model}", "--config.train.steps=1",
-          "--jobs=2"]
+          "--workdir", str(root), f"--config.model.source={model}", "--config.train.steps=1"]
   listed = _cli(*args, "--list")
   assert listed.returncode == 0, listed.stderr
   commands = [shlex.split(line) for line in listed.stdout.splitlines()]
