@@ -9,7 +9,9 @@ Each run trains in its own sub-workdir DIR/<preset>/seed_<seed> through
 `python -m rised_jax.main --config FILE:<preset>[,ARGS] --config.seed=<seed> …`: the config
 file takes the preset as the first comma-separated element of its argument, as every file in
 experiments/configs does. A run is finished when its summary.json exists (the trainer writes it
-last); an unfinished one is started again and resumes from its latest checkpoint.
+last); an unfinished one is started again and resumes from its latest checkpoint. Each
+sub-workdir records the arguments it ran with and refuses others (edits inside the config
+file itself are caught by the trainer for unfinished runs only).
 
 Runs are subprocesses, not calls into the trainer: each gets fresh JAX state (compile caches,
 device memory, the distributed runtime) and a crashed run cannot take the others down; and a
