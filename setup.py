@@ -28,7 +28,8 @@ EXTRAS_REQUIRE = {
     # LLM judges at scale: Gemini through google-genai, any OpenAI-compatible server (SGLang).
     "judge": ["google-genai==3.6.1", "openai==3.57.0"],
     # Notebooks and their plots.
-    "notebooks": ["matplotlib==3.11.2", "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0"],
+    "notebooks": ["matplotlib==3.11.2", "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0",
+                  "nbconvert==7.17.2"],
     # The torch reference for logit parity tests only; the CPU build. Never a runtime dependency.
     "ref": ["torch==2.13.0"],
     "test": ["pytest==9.0.3", "pytest-timeout==2.4.0"],
@@ -48,6 +49,7 @@ setuptools.setup(
         "console_scripts": [
             "rised-train=rised_jax.main:train_entry",
             "rised-eval=rised_jax.main:eval_entry",
+            "rised-compare=rised_jax.compare:main",
         ]
     },
 )

@@ -5,8 +5,12 @@
     tag_frequencies(run)       {env: TagFrequency}    [steps × tags] per env (rollouts.jsonl)
     selection_stats(run)       {env: SelectionStats}  selected share; all-pass / all-fail / mixed
     before_after_table(run)    the before/after pass-rate table (summary.json, else eval.jsonl)
+    metric_curves(run)         {name: MetricCurve}    every scalar of metrics.jsonl over steps
 
-and `plot_pass_rates`, `plot_tag_heatmaps`, `plot_selection`, which return matplotlib Figures
+and `plot_pass_rates`, `plot_tag_heatmaps`, `plot_selection`, `plot_training_curves` (loss, KL
+to the teacher, entropy, reward and success per env, skipped / dropped counts: the panels whose
+metrics the run logged), `plot_comparison` (a `rised_jax.compare` table), which return
+matplotlib Figures
 (made without pyplot, so no global state and no GUI backend). `execute_notebook` runs an
 analysis notebook on a workdir. Plain numpy + json; matplotlib and nbclient (the `notebooks`
 extra) are imported only by the functions that need them.
@@ -16,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -276,6 +281,51 @@ def before_after_table(run: Run) -> str:
   return runlog.format_pass_rate_table(*pair)
 
 
+@dataclasses.dataclass(frozen=True)
+class MetricCurve:
+  steps: np.ndarray    # [S] int, the steps at which the metric was logged
+  values: np.ndarray   # [S]
+
+
+_NOT_CURVES = ("step", "time", "wall")
+
+
+def metric_curves(run: Run) -> dict[str, MetricCurve]:
+  """Every numeric scalar of metrics.jsonl over the steps it was logged at (the last line of a
+  step wins), names sorted."""
+  points: dict[str, dict[int, float]] = {}
+  for i, record in enumerate(run.metrics):
+    (step,) = _fields(record, ("step",), runlog.METRICS_FILE, i)
+    for name, value in record.items():
+      if name in _NOT_CURVES or isinstance(value, bool) or not isinstance(value, (int, float)):
+        continue
+      points.setdefault(name, {})[int(step)] = float(value)
+  return {name: MetricCurve(np.asarray(sorted(p), np.int64),
+                            np.asarray([p[s] for s in sorted(p)], np.float64))
+          for name, p in sorted(points.items())}
+
+
+# Training-curve panels: (title, a metric belongs to the panel when its name matches).
+TRAINING_PANELS: tuple[tuple[str, str], ...] = (
+    ("loss", r"^(loss|pg_loss)$"),
+    ("KL to the teacher (distillation)", r"^(distill_loss|ref_kl)$"),
+    ("entropy", r"^entropy$"),
+    ("rollout reward and success", r"^rollout/(.+/success|reward|pass_rate)$"),
+    ("skipped / dropped", r"^(?!time/).*(skipped|dropped|unusable|untagged|failed|"
+                          r"zero_variance|truncated).*$"),
+)
+
+
+def training_panels(curves: Mapping[str, MetricCurve]) -> list[tuple[str, list[str]]]:
+  """The panels of `TRAINING_PANELS` with the metric names each shows (empty panels dropped)."""
+  panels = []
+  for title, pattern in TRAINING_PANELS:
+    names = [n for n in curves if re.match(pattern, n)]
+    if names:
+      panels.append((title, names))
+  return panels
+
+
 # --- plots ---------------------------------------------------------------------------------------
 
 def _matplotlib():
@@ -379,6 +429,92 @@ def plot_selection(stats: Mapping[str, SelectionStats]):
   kind_ax.set(ylabel="share of groups", ylim=(0, 1.05),
               title="Group kinds: pool (hatched) vs selected")
   kind_ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+  return fig
+
+
+def _x_axis(curves: Mapping[str, MetricCurve], x: str) -> dict[int, float]:
+  """step -> x value: the step itself, or a logged counter such as progress/rollouts."""
+  if x == "step":
+    return {}
+  if x not in curves:
+    raise ValueError(f"x={x!r} was not logged; logged counters: "
+                     f"{[n for n in curves if n.startswith('progress/')]}")
+  return dict(zip(curves[x].steps.tolist(), curves[x].values.tolist()))
+
+
+def plot_training_curves(curves: Mapping[str, MetricCurve], *, x: str = "step"):
+  """One panel per `training_panels` entry, metrics over `x` (the step, or a progress counter:
+  "progress/rollouts", "progress/agent_tokens")."""
+  panels = training_panels(curves)
+  if not panels:
+    return _empty(_figure(6, 2), "no training metrics logged")
+  axis = _x_axis(curves, x)
+  columns = min(3, len(panels))
+  rows = -(-len(panels) // columns)
+  fig = _figure(4.2 * columns, 3.2 * rows)
+  axes = fig.subplots(rows, columns, squeeze=False).ravel()
+  for ax, (title, names) in zip(axes, panels):
+    for name in names:
+      curve = curves[name]
+      keep = [i for i, s in enumerate(curve.steps.tolist()) if not axis or s in axis]
+      xs = curve.steps[keep] if not axis else [axis[int(curve.steps[i])] for i in keep]
+      ax.plot(xs, curve.values[keep], marker=".", label=name)
+    ax.set(title=title, xlabel=x)
+    ax.legend(fontsize="x-small", loc="best")
+    ax.grid(alpha=0.3)
+  for ax in axes[len(panels):]:
+    ax.set_axis_off()
+  return fig
+
+
+def load_comparison(directory: str | os.PathLike[str]) -> dict[str, Any]:
+  """The comparison.json of a `rised-compare` directory."""
+  path = os.path.join(os.fspath(directory), "comparison.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"load_comparison: {path} does not exist; expected the --workdir of "
+                            "a finished rised-compare (or run rised-compare --aggregate on it)")
+  with open(path, encoding="utf-8") as f:
+    comparison = json.load(f)
+  if not isinstance(comparison, dict) or "pipelines" not in comparison:
+    raise ValueError(f"{path}: expected an object with key 'pipelines' (rised_jax.compare)")
+  return comparison
+
+
+def plot_comparison(comparison: Mapping[str, Any]):
+  """Per pipeline of a `rised_jax.compare.aggregate` result: grouped bars (one per method) of
+  the mean over seeds per environment and the mean, the 95 % t-interval as error bars, and the
+  per-seed values as dots."""
+  pipelines = comparison.get("pipelines") or {}
+  if not pipelines:
+    return _empty(_figure(6, 2), "no comparison")
+  width_envs = max(len(t["envs"]) + 1 for t in pipelines.values())
+  fig = _figure(max(6.0, 1.6 * width_envs), 3.6 * len(pipelines))
+  axes = fig.subplots(len(pipelines), 1, squeeze=False)[:, 0]
+  for ax, (pipeline, table) in zip(axes, pipelines.items()):
+    columns = [*table["envs"], "mean"]
+    methods = list(table["methods"])
+    width = 0.8 / len(methods)
+    for k, method in enumerate(methods):
+      cells = [table["methods"][method]["per_env"][c] for c in columns]
+      xs = np.arange(len(columns)) + (k - (len(methods) - 1) / 2) * width
+      means = np.asarray([c["mean"] for c in cells], np.float64)
+      low = np.asarray([np.nan if c["ci_low"] is None else c["ci_low"] for c in cells], np.float64)
+      high = np.asarray([np.nan if c["ci_high"] is None else c["ci_high"] for c in cells],
+                        np.float64)
+      ax.bar(xs, means, width=width * 0.95, label=method)
+      if np.all(np.isfinite(low)):
+        ax.errorbar(xs, means, yerr=[means - low, high - means], fmt="none", ecolor="black",
+                    capsize=2, linewidth=0.8)
+      for x_pos, cell in zip(xs, cells):
+        ax.plot([x_pos] * len(cell["values"]), cell["values"], "o", markersize=3,
+                color="black", alpha=0.6)
+    ax.set_xticks(np.arange(len(columns)), columns)
+    if table["metric"] == "pass_rate":   # a t-interval over few seeds can reach past [0, 1]
+      ax.set_ylim(-0.02, 1.02)
+    ax.set(ylabel=table["metric"], title=f"{pipeline}: {table['metric']} over seeds "
+           f"{table['seeds']} (95 % t-interval; dots: seeds)")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(alpha=0.3, axis="y")
   return fig
 
 

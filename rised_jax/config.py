@@ -19,8 +19,22 @@ Algorithms are configs composing stages, not branches in the trainer:
   variance           reward-variance    off      off
   env_curriculum     env-curriculum     off      off
 
-The rubric pipeline (CriPO, docs/ALGORITHMS.md §3) trains on every group of rubric tasks, GRPO
-on the weighted criterion reward; its presets switch CriPO's two self-teachers:
+Controls (docs/ALGORITHMS.md §2; what a reviewer asks of a RISED result):
+
+  rised_select_success   success_rate       on       on        selection by success rate alone
+  rised_generic_teacher  rised              generic  on        teacher without rubric content
+  rised_hint_no_iw       rised              on       on        step.behaviour_weight=False: w_t = 1
+  grpo_matched           uniform, B = K     off      off       GRPO on RISED's rollout budget
+
+Rollouts per step: every preset rolls out select.pool_groups (K) groups of G, except grpo,
+which rolls out B (its pool is its batch). grpo_matched rolls out K like RISED and trains on
+all K (select.compute_matched): plain GRPO has no rule for dropping rollouts it paid for, and
+a random B of the K is the `random` selector (rised_no_select without teacher and guidance).
+Its step trains on K/B times more rows. Logs count the x-axis for budget plots:
+progress/rollouts and progress/agent_tokens (cumulative).
+
+The rubric pipeline (CriPO, ALGORITHMS.md §3) trains on every group of rubric tasks, GRPO on the
+weighted criterion reward; its presets switch CriPO's two self-teachers:
 
   preset        UC branch (injection teacher, localised KL)   SC branch (counterfactual flips)
   cripo         on                                            on
@@ -93,6 +107,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.select.name = "rised"
   c.select.pool_groups = 8                 # K candidate groups rolled out per step
   c.select.batch_groups = 4                # B groups trained on per step
+  c.select.compute_matched = False         # uniform: roll out K and train on all K (grpo_matched)
   c.select.options = ml_collections.ConfigDict()   # selector-specific (λ, objective, memory…)
 
   c.advantage = "grpo"                     # grpo | drgrpo | rloo (learn/advantages.py)
@@ -161,6 +176,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     "variance": {"select.name": "variance", "teacher.enabled": False, "guidance.enabled": False},
     "env_curriculum": {"select.name": "env_curriculum", "teacher.enabled": False,
                        "guidance.enabled": False},
+    # Controls (module docstring).
+    "rised_select_success": {"select.name": "success_rate", "teacher.enabled": True,
+                             "guidance.enabled": True},
+    "rised_generic_teacher": {"select.name": "rised", "teacher.enabled": True,
+                              "teacher.options.context": "generic", "guidance.enabled": True},
+    "rised_hint_no_iw": {"select.name": "rised", "teacher.enabled": True,
+                         "guidance.enabled": True, "step.behaviour_weight": False},
+    "grpo_matched": {"select.name": "uniform", "select.compute_matched": True,
+                     "teacher.enabled": False, "guidance.enabled": False},
 }
 
 # CriPO's stated settings (docs/ALGORITHMS.md §3); step.beta keeps the config's value (paper:
@@ -211,7 +235,10 @@ def apply_preset(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict
   if not config.teacher.enabled:
     config.step.beta = 0.0
   if config.select.name == "uniform":   # plain GRPO trains on every group it rolls out
-    config.select.pool_groups = config.select.batch_groups
+    if config.select.compute_matched:    # ... of RISED's pool size K
+      config.select.batch_groups = config.select.pool_groups
+    else:
+      config.select.pool_groups = config.select.batch_groups
   return config
 
 

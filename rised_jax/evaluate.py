@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from rised_jax import envs
 from rised_jax.rollout.agent_loop import AgentLoop
-from rised_jax.runlog import wilson_interval
+from rised_jax.stats import wilson_interval
 from rised_jax.types import Group, Task
 
 # Seeds scanned per requested instance before concluding the instance space is too small.

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import numbers
 import os
 import re
@@ -49,6 +48,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from rised_jax.rubrics.vocabulary import Vocabulary
+from rised_jax.stats import wilson_interval  # noqa: F401 - re-exported: moved to stats
 from rised_jax.types import Group
 
 METRICS_FILE = "metrics.jsonl"
@@ -64,26 +64,6 @@ RESULT_KEYS = ("pass_rate", "ci_low", "ci_high", "episodes")
 _RESERVED_METRIC_KEYS = ("step", "time", "wall")
 _EVENT_FILE_PREFIX = "events.out.tfevents."
 _EVENT_FILE_TIME = re.compile(r"^events\.out\.tfevents\.(\d+)\.")
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-  """Wilson score interval of a binomial proportion (z = 1.96: 95 %).
-
-  Unlike the normal (Wald) interval it stays inside [0, 1] and is not empty at 0/n or n/n.
-  """
-  if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-    raise ValueError(f"wilson_interval: n={n!r}; expected an int >= 1")
-  if isinstance(successes, bool) or not isinstance(successes, numbers.Integral) or not (
-      0 <= successes <= n):
-    raise ValueError(f"wilson_interval: successes={successes!r}; expected an int in [0, {n}]")
-  if not z > 0:
-    raise ValueError(f"wilson_interval: z={z!r}; expected a positive number")
-  p = successes / n
-  z2n = z * z / n
-  center = (p + z2n / 2) / (1 + z2n)
-  half = z / (1 + z2n) * math.sqrt(p * (1 - p) / n + z2n / (4 * n))
-  # Rounding can push an end a hair past [0, 1] at 0/n and n/n.
-  return max(0.0, center - half), min(1.0, center + half)
 
 
 def discarded_name(name: str) -> str:

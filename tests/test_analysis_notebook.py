@@ -3,15 +3,18 @@ loaders and statistics against hand-computed values, the plots' data, and the no
 end to end on that workdir."""
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from rised_jax import analysis, runlog
+from rised_jax import analysis, compare, runlog
 from rised_jax.rubrics import profiles
 from rised_jax.rubrics.vocabulary import RubricEntry, Vocabulary
 from rised_jax.runlog import RunLog, wilson_interval
 from rised_jax.types import Group, Task, Trajectory, Turn
+from tests.run_fixtures import write_run
 
 pytest.importorskip("matplotlib")
 
@@ -33,6 +36,13 @@ POOLS = {
     3: [("maze", 4, [0, 1], [[L], [V]], True),                   # mixed
         ("wordle", 10, [1, 0], [None, None], True)],             # mixed, not judged
 }
+# Training scalars as the trainer names them: step -> {name: value}.
+TRAINING = {1: {"loss": 0.9, "entropy": 2.0, "distill_loss": 0.30, "rollout/maze/success": 0.5,
+                "select/zero_variance_groups": 1.0, "progress/rollouts": 6.0, "time/step": 1.0},
+            2: {"loss": 0.7, "entropy": 1.8, "distill_loss": 0.20, "rollout/maze/success": 0.5,
+                "rollout/wordle/success": 0.5, "progress/rollouts": 12.0, "time/step": 1.0},
+            3: {"loss": 0.4, "entropy": 1.5, "rollout/maze/success": 0.5,
+                "progress/rollouts": 16.0, "time/step": 1.0}}
 # Evaluation: step -> {env: successes out of 8 episodes}.
 EVALS = {0: {"maze": 2, "wordle": 1}, 2: {"maze": 4, "wordle": 2}, 3: {"maze": 6, "wordle": 3}}
 
@@ -68,6 +78,7 @@ def workdir(tmp_path_factory):
     for step, pool in POOLS.items():
       log.rollouts(step, [make_group(*spec) for spec in pool], VOCAB)
       log.scalars(step, {"loss": 1.0 / step}, prefix="train")
+      log.scalars(step, TRAINING[step])
       if step in EVALS:
         log.evaluation(step, eval_results(step))
     log.write_summary(eval_results(0), eval_results(3))
@@ -233,13 +244,80 @@ def test_notebook_executes_on_the_run(workdir):
   pytest.importorskip("ipykernel")
   notebook = analysis.execute_notebook(NOTEBOOK, workdir)
   assert analysis.error_outputs(notebook) == []
-  assert analysis.figure_outputs(notebook) == 3
+  # pass rates, tag heatmaps, selection, training curves; no comparison without RISED_COMPARISON
+  assert analysis.figure_outputs(notebook) == 4
   text = "\n".join(output.get("text", "") + output.get("data", {}).get("text/markdown", "")
                    for cell in notebook.cells if cell.cell_type == "code"
                    for output in cell.outputs)
   assert os.path.abspath(workdir) in text and "16 rollouts" in text
   assert analysis.before_after_table(analysis.load_run(workdir)) in text
   assert "| all " in text   # the selection table
+  assert "entropy: entropy" in text and "no comparison: set RISED_COMPARISON" in text
+
+
+def _comparison_dir(tmp_path):
+  """A rised-compare directory over hand-made runs: rised beats grpo on maze."""
+  for preset, rates in (("rised", [0.5, 0.75]), ("grpo", [0.25, 0.5])):
+    for seed, rate in enumerate(rates):
+      write_run(tmp_path, preset, seed, {"maze": rate, "wordle": rate / 2})
+  compare.aggregate_dir(tmp_path)
+  return tmp_path
+
+
+def test_notebook_shows_a_comparison(workdir, tmp_path, monkeypatch):
+  pytest.importorskip("nbclient")
+  pytest.importorskip("ipykernel")
+  monkeypatch.setenv("RISED_COMPARISON", str(_comparison_dir(tmp_path)))
+  notebook = analysis.execute_notebook(NOTEBOOK, workdir)
+  assert analysis.error_outputs(notebook) == []
+  assert analysis.figure_outputs(notebook) == 5
+  text = "\n".join(output.get("data", {}).get("text/markdown", "")
+                   for cell in notebook.cells if cell.cell_type == "code"
+                   for output in cell.outputs)
+  assert "| rised | **0.625 [" in text
+
+
+def test_metric_curves_and_training_panels(run):
+  curves = analysis.metric_curves(run)
+  np.testing.assert_array_equal(curves["loss"].steps, [1, 2, 3])
+  np.testing.assert_array_equal(curves["loss"].values, [0.9, 0.7, 0.4])
+  np.testing.assert_array_equal(curves["distill_loss"].steps, [1, 2])
+  np.testing.assert_array_equal(curves["rollout/wordle/success"].steps, [2])
+  # eval/* scalars are curves too (logged at the evaluation steps 0, 2, 3).
+  np.testing.assert_array_equal(curves["eval/maze/pass_rate"].values, [2 / 8, 4 / 8, 6 / 8])
+  assert "step" not in curves and "wall" not in curves
+  assert analysis.training_panels(curves) == [
+      ("loss", ["loss"]), ("KL to the teacher (distillation)", ["distill_loss"]),
+      ("entropy", ["entropy"]),
+      ("rollout reward and success", ["rollout/maze/success", "rollout/wordle/success"]),
+      ("skipped / dropped", ["select/zero_variance_groups"])]
+  fig = analysis.plot_training_curves(curves)
+  drawn = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+           for ax in fig.axes for line in ax.get_lines()}
+  assert drawn["loss"] == ([1, 2, 3], [0.9, 0.7, 0.4])
+  assert drawn["rollout/wordle/success"] == ([2], [0.5])
+  by_rollouts = analysis.plot_training_curves(curves, x="progress/rollouts")
+  drawn = {line.get_label(): list(line.get_xdata()) for ax in by_rollouts.axes
+           for line in ax.get_lines()}
+  assert drawn["entropy"] == [6.0, 12.0, 16.0]
+  with pytest.raises(ValueError, match="'progress/agent_tokens' was not logged"):
+    analysis.plot_training_curves(curves, x="progress/agent_tokens")
+  empty = analysis.plot_training_curves({})
+  assert [t.get_text() for t in empty.axes[0].texts] == ["no training metrics logged"]
+
+
+def test_plot_comparison_draws_the_table(tmp_path):
+  comparison = analysis.load_comparison(_comparison_dir(tmp_path))
+  ax = analysis.plot_comparison(comparison).axes[0]
+  # Bars in method order (rised, grpo), each over maze, wordle, mean.
+  heights = [p.get_height() for p in ax.patches]
+  np.testing.assert_allclose(heights, [0.625, 0.3125, 0.46875, 0.375, 0.1875, 0.28125])
+  dots = sorted(y for line in ax.get_lines() if line.get_marker() == "o"
+                for y in line.get_ydata())
+  assert dots == sorted([0.5, 0.75, 0.25, 0.375, 0.375, 0.5625,
+                         0.25, 0.5, 0.125, 0.25, 0.1875, 0.375])
+  with pytest.raises(FileNotFoundError, match="comparison.json does not exist"):
+    analysis.load_comparison(tmp_path / "missing")
 
 
 def test_execute_notebook_errors(tmp_path):
@@ -247,3 +325,18 @@ def test_execute_notebook_errors(tmp_path):
     analysis.execute_notebook(tmp_path / "missing.ipynb", tmp_path)
   with pytest.raises(FileNotFoundError, match="is not a directory"):
     analysis.execute_notebook(NOTEBOOK, tmp_path / "missing")
+
+
+def test_readme_nbconvert_command_executes_the_notebook(workdir, tmp_path):
+  """The README's command: `jupyter nbconvert --to notebook --execute …` with RISED_WORKDIR."""
+  pytest.importorskip("nbconvert")
+  nbformat = pytest.importorskip("nbformat")
+  out = tmp_path / "executed.ipynb"
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "RISED_WORKDIR": os.path.abspath(workdir),
+         "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
+  subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
+                  NOTEBOOK, "--output", str(out)], env=env, check=True, capture_output=True,
+                 timeout=600)
+  notebook = nbformat.read(out, as_version=4)
+  assert analysis.error_outputs(notebook) == [] and analysis.figure_outputs(notebook) == 4

@@ -80,7 +80,7 @@ def test_notebook_runs_on_the_tiny_run(tiny_run):
   workdir, _ = tiny_run
   nb = analysis.execute_notebook(NOTEBOOK, workdir)
   assert analysis.error_outputs(nb) == []
-  assert analysis.figure_outputs(nb) == 3
+  assert analysis.figure_outputs(nb) == 4   # + the training curves (issue 14)
 
 
 def test_rerun_with_another_config_is_refused(tiny_run, tiny_model):

@@ -70,6 +70,7 @@ class StepConfig:
   eps_high: float = 0.2
   dual_clip: float | None = None
   importance_cap: float | None = 2.0       # truncated behaviour importance weight C
+  behaviour_weight: bool = True             # False: w_t = 1 (the no-correction control)
   seq_len_norm: float = 1.0                 # L_norm of seq-mean-token-sum-norm
   # reference KL (needs batch["ref_logprobs"])
   ref_kl_coef: float = 0.0
@@ -253,7 +254,8 @@ def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig, mb: 
 
   old_logprobs = mb.get("old_logprobs", jax.lax.stop_gradient(stats.logprob))
   pg = losses.clipped_policy_gradient(
-      stats.logprob, old_logprobs, advantages, loss_mask, mb.get("behaviour_logprobs"),
+      stats.logprob, old_logprobs, advantages, loss_mask,
+      mb.get("behaviour_logprobs") if config.behaviour_weight else None,
       eps_low=config.eps_low, eps_high=config.eps_high, dual_clip=config.dual_clip,
       importance_cap=config.importance_cap)
   pg_sum, _ = losses.AGGREGATIONS[config.aggregation](

@@ -55,6 +55,31 @@ def agent_loop(config, engine, tokenizer, temperature: float) -> AgentLoop:
                    stop_strings=list(config.rollout.stop_strings))
 
 
+class Progress:
+  """Cumulative rollouts and agent tokens since step 0: the x-axis of budget-matched plots
+  (logged as progress/rollouts, progress/agent_tokens; checkpointed, so a resumed run counts on)."""
+
+  def __init__(self):
+    self.rollouts = 0
+    self.agent_tokens = 0
+
+  def add(self, pool: Sequence[Group]) -> dict[str, float]:
+    trajectories = [t for g in pool for t in g.trajectories]
+    self.rollouts += len(trajectories)
+    self.agent_tokens += sum(int(t.num_agent_tokens) for t in trajectories)
+    return {"progress/rollouts": float(self.rollouts),
+            "progress/agent_tokens": float(self.agent_tokens)}
+
+  def state_dict(self) -> dict[str, Any]:
+    return {"rollouts": self.rollouts, "agent_tokens": self.agent_tokens}
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    if set(state) != {"rollouts", "agent_tokens"}:
+      raise ValueError(f"progress: state has keys {sorted(state)}; expected ['agent_tokens', "
+                       "'rollouts']")
+    self.rollouts, self.agent_tokens = int(state["rollouts"]), int(state["agent_tokens"])
+
+
 class AgenticPipeline:
 
   def __init__(self, config, engine, tokenizer):
@@ -85,6 +110,7 @@ class AgenticPipeline:
       warnings.warn(message, stacklevel=2)
     self.eval_episodes: list[dict[str, Any]] = []   # the last evaluation's episode records
     self.faults: dict[str, float] = {}   # the last roll-out's fault counters
+    self.progress = Progress()
 
   def roll_out(self, step: int) -> list[Group]:
     tasks = self.tasks.next(self.config.select.pool_groups)
@@ -183,10 +209,11 @@ class AgenticPipeline:
     metrics["rollout/hinted"] = float(np.mean([bool(t.hint) for t in trajectories]))
     metrics["judge/failed"] = float(sum(t.untagged for t in trajectories))
     metrics.update(self.faults)
+    metrics.update(self.progress.add(pool))
     return metrics
 
   def host_state(self) -> Mapping[str, Any]:
-    state = {"tasks": self.tasks, "selector": self.selector}
+    state = {"tasks": self.tasks, "selector": self.selector, "progress": self.progress}
     if self.teacher is not None:
       state["teacher"] = self.teacher
     if self.guidance is not None:

@@ -36,11 +36,9 @@ that training never samples; the training cursor is host state, saved with every
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import scipy.stats
 
 from rised_jax import rubric_tasks
 from rised_jax.learn import cripo
@@ -49,7 +47,7 @@ from rised_jax.rollout.agent_loop import sampling_seed
 from rised_jax.rollout.base import (GenerationRequest, SamplingParams, generate_or_none,
                                     server_retries)
 from rised_jax.rubrics import criteria as criteria_lib
-from rised_jax.runlog import wilson_interval
+from rised_jax.stats import t_interval, wilson_interval
 from rised_jax.teach import cripo_prefix
 from rised_jax.types import Group, Task, Trajectory, Turn
 
@@ -123,16 +121,6 @@ def passes(verdicts: np.ndarray, weights: np.ndarray) -> bool:
   """Every positive criterion met and no pitfall committed."""
   met = np.asarray(verdicts) > 0
   return bool(np.all(met[weights > 0]) and not np.any(met[weights < 0]))
-
-
-def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
-  """Student-t interval of the mean; NaN ends for fewer than two values."""
-  values = np.asarray(values, np.float64)
-  if values.size < 2:
-    return math.nan, math.nan
-  quantile = scipy.stats.t.ppf(0.5 + confidence / 2, values.size - 1)
-  half = quantile * values.std(ddof=1) / math.sqrt(values.size)
-  return float(values.mean() - half), float(values.mean() + half)
 
 
 class RubricTaskStream:

@@ -6,6 +6,7 @@
 | random      | a uniformly random B-subset of the pool: the ablation of RISED's selection at the same pool size K. | seed |
 | dapo        | DAPO dynamic sampling: drops groups whose rewards are all equal (std ≤ `eps`), takes B of the rest in random order (the pool size K > B stands in for DAPO's re-sampling until the batch is full). When fewer than B remain: `shortfall="pad"` fills the batch with randomly chosen zero-variance groups (no PG signal, but distillation can still use them); `shortfall="truncate"` returns the smaller batch. | shortfall ("pad"), eps (1e-6), seed |
 | variance    | reward-variance prioritisation: `mode="top"` takes the B groups of largest reward variance (random tie-break); `mode="proportional"` samples B without replacement with probability ∝ variance + `floor`. | mode ("top"), floor (1e-3), seed |
+| success_rate | selection by success rate alone, the control for RISED's rubric profiles: RISED's greedy composition matching (`select.rised.greedy_select`, λ = 0) on the one-number profile φ_g = the group's success rate, toward the pool's mean success rate, so the chosen batch's success rate tracks the pool's; ties in random order. | seed |
 | env_curriculum | environment-level curriculum: per environment an EMA of the pass rate at a fast and a slow rate, updated from each pool; environments are sampled with probability (1 − ε)·w_e / Σw + ε / #envs, then a random group of that environment. `score="learning_progress"`: w_e = abs(fast − slow) (absolute learning progress); `score="failure_rate"`: w_e = 1 − fast (the bounded reading of "inverse pass rate"). | score ("learning_progress"), fast_rate (0.5), slow_rate (0.1), exploration ε (0.2), seed |
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rised_jax.select.base import Selector, check_choice
+from rised_jax.select.rised import greedy_select
 from rised_jax.types import Group
 
 
@@ -79,6 +81,18 @@ class VarianceSelector(Selector):
     # Stable sort of a random permutation by descending variance: ties in random order.
     order = rng.permutation(len(pool))
     return order[np.argsort(-variance[order], kind="stable")][:count]
+
+
+class SuccessRateSelector(Selector):
+  name = "success_rate"
+
+  def _select(self, pool: Sequence[Group], batch_size: int, step: int,
+              rng: np.random.Generator) -> Sequence[int]:
+    if not pool:
+      return []
+    rates = np.asarray([[g.successes.mean()] for g in pool], np.float64)   # [K, 1]
+    return greedy_select(rates, rates.mean(0), batch_size, "composition", 0.0, "dot",
+                         np.zeros(len(pool)), rng.permutation(len(pool)))
 
 
 class CurriculumSelector(Selector):

@@ -22,6 +22,7 @@ Options — this project's reconstruction **[R-choice: memory, injection, correc
 | top_m           | 2       | int ≥ 1      | at most this many tags per hint |
 | template_path   | None    | a .jinja file with `behaviours` | the hint text |
 | train_with_hint | False   | True         | (trainer option, documented here) False: the hint changes only the behaviour policy; the policy-gradient term is computed on the prompt *without* the hint, and the ratio is corrected with the truncated importance weight w_t = min(π(y_t | x) / π(y_t | x + hint), C) (§1.2; the trainer re-scores the response without the hint to get π(y_t | x)). True: train on the prompt with the hint, as it was sampled (no correction; the policy then learns a hint-dependent behaviour that evaluation never triggers). |
+| no correction   | —       | `step.behaviour_weight=False` | (step option, the `rised_hint_no_iw` control) trains on the hint-free prompt like the default but with w_t = 1: the gradient of a hinted rollout is then taken as if the hint-free policy had sampled it. It isolates what the importance correction contributes. |
 
 Rollouts generated with a hint update the memory like any other: as the hint suppresses a
 behaviour its frequency decays and the hint eventually drops, which is intended (the policy

@@ -10,6 +10,10 @@ Tags are listed most frequent first (count of successful rollouts carrying them;
 ranks by recency), ties in vocabulary order. The teacher prefix is the system prompt followed
 by "Behaviours that succeed here:" and their descriptions (teach/data/positive_prefix.jinja).
 
+With `context="generic"` (the control for the rubric content) the same groups get a teacher
+(the chain above still decides which), but the prefix lists `GENERIC_BEHAVIOURS`, advice that
+fits every task and says nothing of what the judge saw, in place of the positives.
+
 The memory is updated *after* a step's prefixes are built, so level 3 holds earlier steps
 only (this step's pool is level 2).
 
@@ -21,6 +25,7 @@ Options — this project's reconstruction **[R-choice: which positives, template
 | max_tags        | None (all available)           | int ≥ 1      | cap on the listed behaviours |
 | memory_max_age  | 20                             | int ≥ 0      | steps a positive stays in the memory |
 | template_path   | None (the packaged template)   | a .jinja file with `system_prompt`, `behaviours` | the prefix text |
+| context         | "rubric"                       | "generic"    | list the positives' descriptions, or `GENERIC_BEHAVIOURS` (control) |
 | β (weight)      | the trainer's `distill_weight` | —            | distillation weight, forward KL on every agent token of the group (§1.4–1.5) |
 """
 from __future__ import annotations
@@ -38,6 +43,10 @@ from rised_jax.types import Group, Task
 
 SOURCES = ("group", "pool", "memory")
 DEFAULT_TEMPLATE = "positive_prefix.jinja"
+CONTEXTS = ("rubric", "generic")
+# Task-agnostic advice of the generic-context control: no rubric, nothing judged.
+GENERIC_BEHAVIOURS = ("Reads the task and the latest observation carefully",
+                      "Chooses each action to get closer to the goal")
 
 
 def positive_counts(groups: Sequence[Group], vocab: Vocabulary) -> np.ndarray:
@@ -128,15 +137,19 @@ def positive_teacher_prefix(system_prompt: str, group: Group, pool: Sequence[Gro
                             vocab: Vocabulary, memory: PositiveMemory | None = None,
                             step: int = 0, sources: Sequence[str] = SOURCES,
                             max_tags: int | None = None,
-                            template: jinja2.Template | None = None
-                            ) -> tuple[str | None, Positives]:
-  """The teacher prefix for `group` (None when no positive is available) and its source."""
+                            template: jinja2.Template | None = None,
+                            context: str = "rubric") -> tuple[str | None, Positives]:
+  """The teacher prefix for `group` (None when no positive is available) and its source;
+  `context="generic"` lists `GENERIC_BEHAVIOURS` instead of the positives."""
+  if context not in CONTEXTS:
+    raise ValueError(f"positive teacher: context={context!r}; expected one of {list(CONTEXTS)}")
   positives = available_positives(group, pool, vocab, memory, step, sources)
   if not positives.tags:
     return None, positives
   tags = positives.tags[:max_tags] if max_tags else positives.tags
   template = template or load_template(None, DEFAULT_TEMPLATE, package="rised_jax.teach")
-  behaviours = [vocab.entry(t).description for t in tags]
+  behaviours = (list(GENERIC_BEHAVIOURS) if context == "generic"
+                else [vocab.entry(t).description for t in tags])
   return template.render(system_prompt=system_prompt, behaviours=behaviours).rstrip(), positives
 
 
@@ -145,13 +158,16 @@ class PositiveTeacher:
 
   def __init__(self, vocab: Vocabulary, sources: Sequence[str] = SOURCES,
                max_tags: int | None = None, memory_max_age: int = 20,
-               template_path: str | None = None):
+               template_path: str | None = None, context: str = "rubric"):
     unknown = [s for s in sources if s not in SOURCES]
     if unknown or len(set(sources)) != len(sources):
       raise ValueError(f"positive teacher: sources={list(sources)}; expected distinct entries "
                        f"of {list(SOURCES)}")
     if max_tags is not None and max_tags < 1:
       raise ValueError(f"positive teacher: max_tags={max_tags}; expected >= 1 or None")
+    if context not in CONTEXTS:
+      raise ValueError(f"positive teacher: context={context!r}; expected one of {list(CONTEXTS)}")
+    self.context = context
     self.vocab = vocab
     self.sources = tuple(sources)
     self.max_tags = max_tags
@@ -169,7 +185,7 @@ class PositiveTeacher:
       prompt = system_prompt(group.task) if callable(system_prompt) else system_prompt
       group.teacher_prefix, positives = positive_teacher_prefix(
           prompt, group, pool, self.vocab, self.memory, step, self.sources, self.max_tags,
-          self.template)
+          self.template, self.context)
       counts[positives.source] += 1
     self.memory.update(pool, step)
     return counts

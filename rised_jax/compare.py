@@ -1,0 +1,509 @@
+"""`rised-compare`: every (preset, seed) of a comparison, then one table across methods.
+
+  rised-compare --config FILE[:ARGS] --presets rised,grpo,dapo --seeds 0,1,2 --workdir DIR \
+      [--jobs N] [--config.key=value …]   runs what is not finished yet, then aggregates
+  rised-compare … --list                  prints one command per unfinished run (for a scheduler)
+  rised-compare --aggregate DIR           aggregates the runs of DIR's plan
+
+Each run trains in its own sub-workdir DIR/<preset>/seed_<seed> through
+`python -m rised_jax.main --config FILE:<preset>[,ARGS] --config.seed=<seed> …`: the config
+file takes the preset as the first comma-separated element of its argument, as every file in
+experiments/configs does. A run is finished when its summary.json exists (the trainer writes it
+last); an unfinished one is started again and resumes from its latest checkpoint. Each
+sub-workdir records the arguments it ran with and refuses others (edits inside the config
+file itself are caught by the trainer for unfinished runs only).
+
+Runs are subprocesses, not calls into the trainer: each gets fresh JAX state (compile caches,
+device memory, the distributed runtime) and a crashed run cannot take the others down; and a
+local comparison runs exactly the commands that `--list` hands to a cluster scheduler.
+
+Aggregation (pure functions over the runs' own logs, `aggregate`): per pipeline, the final
+evaluation of each run (eval.jsonl at step config.train.steps) — pass rate per environment for
+the agentic pipeline, mean rubric score per evaluation group (domain) for the rubric pipeline.
+Per method and environment: the per-seed values, their mean and 95 % Student-t interval across
+seeds; per environment the average rank of each method (1 = best, ties share the mean of their
+places) and marks: "first" for the best mean, "second" for the next distinct mean. Then the
+unweighted mean over environments (per seed, then across seeds, ranked the same way), the mean
+rank, the rollouts and agent tokens each run logged (rollouts.jsonl), and a seeded paired
+bootstrap (paired by seed, `stats.paired_bootstrap`) of the reference method (rised, cripo, or
+--reference) against each other method. Outputs in DIR: comparison.md, comparison.json and
+comparison.png (the last needs matplotlib, the `notebooks` extra).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from rised_jax import runlog, stats
+
+METRICS = {"agentic": "pass_rate", "rubric": "score"}   # what a pipeline's table compares
+REFERENCES = ("rised", "cripo")   # default reference method, the first one present
+MEAN = "mean"                      # the column of the unweighted mean over environments
+OUTPUTS = ("comparison.md", "comparison.json", "comparison.png")
+COMMAND_FILE = "compare_command.json"   # in each sub-workdir: the arguments it was run with
+PLAN_FILE = "compare_plan.json"         # in DIR: the presets and seeds, in the order given
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  preset: str
+  seed: int
+  workdir: Path
+
+
+def run_dir(root: str | os.PathLike, preset: str, seed: int) -> Path:
+  return Path(root) / preset / f"seed_{seed}"
+
+
+def plan(root: str | os.PathLike, presets: Sequence[str], seeds: Sequence[int]) -> list[RunSpec]:
+  return [RunSpec(p, s, run_dir(root, p, s)) for p in presets for s in seeds]
+
+
+def is_finished(workdir: str | os.PathLike) -> bool:
+  """The trainer writes summary.json after the final evaluation, as its last log."""
+  return (Path(workdir) / runlog.SUMMARY_FILE).exists()
+
+
+def config_argument(config: str, preset: str) -> str:
+  """FILE -> FILE:preset; FILE:ARGS -> FILE:preset,ARGS."""
+  path, sep, args = config.partition(":")
+  return f"{path}:{preset},{args}" if sep and args else f"{path}:{preset}"
+
+
+def run_arguments(spec: RunSpec, config: str, overrides: Sequence[str]) -> list[str]:
+  """The trainer's arguments for one run (recorded in its COMMAND_FILE)."""
+  return [f"--config={config_argument(config, spec.preset)}", f"--workdir={spec.workdir}",
+          f"--config.seed={spec.seed}", *overrides]
+
+
+def compile_cache_env(root: str | os.PathLike) -> dict[str, str]:
+  """JAX's persistent compilation cache in DIR/jax_cache, shared by the runs (unless the caller
+  set its own): every run of a comparison compiles the same shapes, and on CPU compiling is most
+  of a short run (a tiny-config run: 90 s cold, 21 s warm on a loaded 2-core machine)."""
+  env = {}
+  if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    env["JAX_COMPILATION_CACHE_DIR"] = str(Path(root) / "jax_cache")
+  if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"   # cache every executable
+  return env
+
+
+def run_command(spec: RunSpec, config: str, overrides: Sequence[str]) -> list[str]:
+  """`env [cache settings] python -m rised_jax.main …`: runnable as is, here or by a scheduler
+  (one cache directory on a shared file system serves every machine of one kind)."""
+  root = spec.workdir.parent.parent
+  env = [f"{k}={v}" for k, v in compile_cache_env(root).items()]
+  return [*(["env", *env] if env else []), sys.executable, "-m", "rised_jax.main",
+          *run_arguments(spec, config, overrides)]
+
+
+def check_command(spec: RunSpec, config: str, overrides: Sequence[str]) -> None:
+  """A sub-workdir belongs to one set of arguments: records them, or checks the record.
+
+  The trainer refuses to resume with a different config, but a finished run is skipped before
+  the trainer sees it; this check keeps a changed override from reusing an old result.
+  """
+  path = spec.workdir / COMMAND_FILE
+  arguments = run_arguments(spec, config, overrides)
+  if path.exists():
+    recorded = json.loads(path.read_text())
+    if recorded != arguments:
+      raise ValueError(f"{spec.workdir} was run with {recorded}, not {arguments}; use a new "
+                       "--workdir for different arguments")
+    return
+  spec.workdir.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(arguments))
+
+
+# ----------------------------------------------------------------------------- one run's logs
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+  """What the comparison reads from one finished run."""
+
+  preset: str
+  seed: int
+  pipeline: str
+  workdir: str
+  values: dict[str, float]   # env (or evaluation group) -> the pipeline's metric, final eval
+  steps: int
+  rollouts: int
+  agent_tokens: int
+
+
+def _finite(value: Any, where: str) -> float:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    raise ValueError(f"{where} = {value!r}; expected a finite number")
+  return float(value)
+
+
+def load_run(workdir: str | os.PathLike) -> RunResult:
+  """The final evaluation and the rollout budget of a finished run (errors name the file)."""
+  workdir = Path(workdir)
+  config_path = workdir / "config.json"
+  if not config_path.exists():
+    raise FileNotFoundError(f"{config_path} does not exist: {workdir} is not a run directory")
+  if not is_finished(workdir):
+    raise ValueError(f"{workdir} is not finished ({runlog.SUMMARY_FILE} missing): rerun "
+                     "rised-compare with the same arguments to finish it")
+  config = json.loads(config_path.read_text())
+  try:
+    preset, seed, pipeline = config["algorithm"], config["seed"], config["pipeline"]
+    steps = config["train"]["steps"]
+  except (KeyError, TypeError) as e:
+    raise ValueError(f"{config_path}: lacks {e}; expected a config written by the "
+                     "trainer") from None
+  if pipeline not in METRICS:
+    raise ValueError(f"{config_path}: pipeline={pipeline!r}; expected one of {sorted(METRICS)}")
+  metric = METRICS[pipeline]
+  eval_path = workdir / runlog.EVAL_FILE
+  final = [r for r in runlog.read_jsonl(eval_path) if r.get("step") == steps]
+  if not final:
+    raise ValueError(f"{eval_path} has no evaluation at the final step {steps}")
+  values = {}
+  for record in final:
+    env = record.get("env")
+    if env in values:
+      raise ValueError(f"{eval_path}: two evaluations of {env!r} at step {steps}")
+    values[env] = _finite(record.get(metric), f"{eval_path}: step {steps}, {env!r} {metric!r}")
+  rollouts = runlog.read_jsonl(workdir / runlog.ROLLOUTS_FILE)
+  tokens = sum(int(_finite(r.get("agent_tokens"), f"{workdir / runlog.ROLLOUTS_FILE}: "
+                           f"step {r.get('step')} agent_tokens")) for r in rollouts)
+  return RunResult(preset=str(preset), seed=int(seed), pipeline=pipeline, workdir=str(workdir),
+                   values=values, steps=int(steps), rollouts=len(rollouts), agent_tokens=tokens)
+
+
+def find_runs(root: str | os.PathLike) -> list[Path]:
+  """Every DIR/<preset>/seed_<n> directory holding a config.json."""
+  return sorted(p.parent for p in Path(root).glob("*/seed_*/config.json"))
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+
+def average_ranks(values: Mapping[str, float]) -> dict[str, float]:
+  """1 = the largest value; tied values share the mean of the places they occupy."""
+  names = list(values)
+  # Round so that means equal up to float error tie (e.g. sums of the same pass rates).
+  keyed = np.asarray([round(float(values[n]), 12) for n in names])
+  ranks = {}
+  for name, value in zip(names, keyed):
+    better = int(np.sum(keyed > value))
+    tied = int(np.sum(keyed == value))
+    ranks[name] = better + (tied + 1) / 2
+  return ranks
+
+
+def marks(values: Mapping[str, float]) -> dict[str, str | None]:
+  """"first" for the best value (every tied one), "second" for the next distinct value."""
+  distinct = sorted({round(float(v), 12) for v in values.values()}, reverse=True)
+  place = {distinct[0]: "first"}
+  if len(distinct) > 1:
+    place[distinct[1]] = "second"
+  return {name: place.get(round(float(v), 12)) for name, v in values.items()}
+
+
+def _summary(values: Sequence[float]) -> dict[str, Any]:
+  low, high = stats.t_interval(values)
+  return {"values": [float(v) for v in values], "mean": float(np.mean(values)),
+          "ci_low": low, "ci_high": high}
+
+
+def _pipeline_table(results: Sequence[RunResult], reference: str | None,
+                    bootstrap_seed: int) -> dict[str, Any]:
+  """The comparison of one pipeline's runs (every method on the same seeds and envs)."""
+  methods = sorted({r.preset for r in results}, key=[r.preset for r in results].index)
+  seeds = sorted({r.seed for r in results})
+  by_key = {}
+  for r in results:
+    if (r.preset, r.seed) in by_key:
+      raise ValueError(f"two runs of {r.preset} seed {r.seed}: {by_key[r.preset, r.seed].workdir} "
+                       f"and {r.workdir}")
+    by_key[r.preset, r.seed] = r
+  missing = [f"{m} seed {s}" for m in methods for s in seeds if (m, s) not in by_key]
+  if missing:
+    raise ValueError(f"runs missing for {missing}: every method needs every seed to be paired")
+  envs = sorted(results[0].values)
+  for r in results:
+    if sorted(r.values) != envs:
+      raise ValueError(f"{r.workdir} evaluated {sorted(r.values)}; {results[0].workdir} "
+                       f"evaluated {envs}; expected the same environments in every run")
+  per_seed = {m: {e: [by_key[m, s].values[e] for s in seeds] for e in envs} for m in methods}
+  for m in methods:
+    per_seed[m][MEAN] = [float(np.mean([by_key[m, s].values[e] for e in envs])) for s in seeds]
+  columns = [*envs, MEAN]
+  table = {m: {"per_env": {}, "rollouts": [by_key[m, s].rollouts for s in seeds],
+               "agent_tokens": [by_key[m, s].agent_tokens for s in seeds],
+               "steps": [by_key[m, s].steps for s in seeds]} for m in methods}
+  for column in columns:
+    means = {m: float(np.mean(per_seed[m][column])) for m in methods}
+    ranks, places = average_ranks(means), marks(means)
+    for m in methods:
+      table[m]["per_env"][column] = {**_summary(per_seed[m][column]), "rank": ranks[m],
+                                     "mark": places[m]}
+  for m in methods:
+    table[m]["mean_rank"] = float(np.mean([table[m]["per_env"][e]["rank"] for e in envs]))
+  if reference is None:
+    reference = next((r for r in REFERENCES if r in methods), methods[0])
+  if reference not in methods:
+    raise ValueError(f"reference method {reference!r} has no runs; methods: {methods}")
+  table = {reference: table.pop(reference), **table}   # the reference method leads the table
+  bootstrap = {}
+  if len(seeds) >= 2:
+    for m in methods:
+      if m != reference:
+        bootstrap[m] = {c: dataclasses.asdict(stats.paired_bootstrap(
+            per_seed[reference][c], per_seed[m][c], seed=bootstrap_seed)) for c in columns}
+  return {"metric": METRICS[results[0].pipeline], "reference": reference, "seeds": seeds,
+          "envs": envs, "methods": table, "bootstrap": bootstrap,
+          "runs": [{"preset": r.preset, "seed": r.seed, "workdir": r.workdir} for r in results]}
+
+
+def aggregate(results: Sequence[RunResult], reference: str | None = None,
+              bootstrap_seed: int = 0) -> dict[str, Any]:
+  """{"pipelines": {pipeline: table}}: one table per pipeline present (module docstring)."""
+  if not results:
+    raise ValueError("no finished runs to aggregate")
+  pipelines = {}
+  for name in sorted({r.pipeline for r in results}):
+    group = [r for r in results if r.pipeline == name]
+    ref = reference if reference in {r.preset for r in group} else None
+    pipelines[name] = _pipeline_table(group, ref, bootstrap_seed)
+  return {"pipelines": pipelines}
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def _number(x: float) -> str:
+  return "n/a" if x is None or not math.isfinite(x) else f"{x:.3f}"
+
+
+def _cell(summary: Mapping[str, Any]) -> str:
+  text = f"{_number(summary['mean'])} [{_number(summary['ci_low'])}, {_number(summary['ci_high'])}]"
+  mark = {"first": "**", "second": "_"}.get(summary["mark"], "")
+  return f"{mark}{text}{mark} ({summary['rank']:g})"
+
+
+def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+  return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
+          *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+def format_markdown(comparison: Mapping[str, Any]) -> str:
+  lines = ["# Comparison", ""]
+  for pipeline, t in comparison["pipelines"].items():
+    methods, columns = list(t["methods"]), [*t["envs"], MEAN]
+    seeds = ", ".join(map(str, t["seeds"]))
+    lines += [f"## {pipeline} pipeline: {t['metric']} (final held-out evaluation)", "",
+              f"Mean over seeds {seeds} [95 % Student-t interval across seeds] (average rank "
+              "among the methods; 1 = best). **Bold**: first, _italic_: second. `mean` is the "
+              "unweighted mean over environments, per seed.", ""]
+    rows = [[m, *(_cell(t["methods"][m]["per_env"][c]) for c in columns),
+             f"{t['methods'][m]['mean_rank']:.2f}"] for m in methods]
+    lines += _markdown_table(["method", *columns, "mean rank"], rows) + [""]
+    lines += ["Per-seed values:", ""]
+    rows = [[m, c, *(_number(v) for v in t["methods"][m]["per_env"][c]["values"])]
+            for m in methods for c in columns]
+    lines += _markdown_table(["method", "env", *(f"seed {s}" for s in t["seeds"])], rows) + [""]
+    lines += ["Budget per run (mean over seeds): rollouts and agent tokens logged in "
+              "rollouts.jsonl.", ""]
+    rows = [[m, *(f"{np.mean(t['methods'][m][key]):g}"
+                  for key in ("steps", "rollouts", "agent_tokens"))] for m in methods]
+    lines += _markdown_table(["method", "steps", "rollouts", "agent tokens"], rows) + [""]
+    if t["bootstrap"]:
+      lines += [f"Paired bootstrap (by seed) of {t['reference']} − method: mean difference "
+                "[95 % percentile interval], P(difference ≤ 0) over resamples.", ""]
+      rows = [[m, *(f"{_number(b[c]['mean_diff'])} [{_number(b[c]['ci_low'])}, "
+                    f"{_number(b[c]['ci_high'])}] p={b[c]['p_not_better']:.2f}"
+                    for c in columns)] for m, b in t["bootstrap"].items()]
+      lines += _markdown_table(["method", *columns], rows) + [""]
+    else:
+      lines += ["No paired bootstrap: it needs at least two seeds.", ""]
+  return "\n".join(lines)
+
+
+def _json_safe(tree: Any) -> Any:
+  """NaN and infinities become null (strict JSON)."""
+  if isinstance(tree, dict):
+    return {k: _json_safe(v) for k, v in tree.items()}
+  if isinstance(tree, (list, tuple)):
+    return [_json_safe(v) for v in tree]
+  if isinstance(tree, float) and not math.isfinite(tree):
+    return None
+  return tree
+
+
+def write_outputs(root: str | os.PathLike, comparison: Mapping[str, Any]) -> list[Path]:
+  """comparison.md, comparison.json and (with matplotlib) comparison.png in `root`."""
+  root = Path(root)
+  written = [root / OUTPUTS[0], root / OUTPUTS[1]]
+  written[0].write_text(format_markdown(comparison))
+  written[1].write_text(json.dumps(_json_safe(comparison), indent=1, allow_nan=False))
+  try:
+    from rised_jax import analysis  # noqa: PLC0415 - matplotlib is optional
+    figure = analysis.plot_comparison(comparison)
+  except ImportError as e:
+    print(f"rised-compare: {OUTPUTS[2]} not written: {e} (install the notebooks extra: "
+          "pip install -e '.[notebooks]')", file=sys.stderr)
+    return written
+  figure.savefig(root / OUTPUTS[2], dpi=120, bbox_inches="tight")
+  return [*written, root / OUTPUTS[2]]
+
+
+def write_plan(root: str | os.PathLike, presets: Sequence[str], seeds: Sequence[int]) -> None:
+  """Records the presets and seeds of the latest invocation in DIR: `--aggregate DIR` reads
+  the same runs in the same order (runs of earlier invocations stay on disk, unread)."""
+  Path(root).mkdir(parents=True, exist_ok=True)
+  (Path(root) / PLAN_FILE).write_text(json.dumps({"presets": list(presets), "seeds": list(seeds)}))
+
+
+def read_plan(root: str | os.PathLike) -> list[RunSpec]:
+  """The runs PLAN_FILE names ([] when there is none: runs are then discovered)."""
+  path = Path(root) / PLAN_FILE
+  if not path.exists():
+    return []
+  doc = json.loads(path.read_text())
+  return plan(root, doc["presets"], doc["seeds"])
+
+
+def aggregate_dir(root: str | os.PathLike, reference: str | None = None) -> dict[str, Any]:
+  """Loads the runs of the plan in `root` (without one: every run directory under it),
+  aggregates, writes the outputs and returns the comparison."""
+  paths = [s.workdir for s in read_plan(root)] or find_runs(root)
+  if not paths:
+    raise ValueError(f"no runs under {root}: expected {root}/<preset>/seed_<n>/config.json")
+  results = []
+  for path in paths:
+    result = load_run(path)
+    if (path.parent.name, path.name) != (result.preset, f"seed_{result.seed}"):
+      raise ValueError(f"{path} holds a run of {result.preset} seed {result.seed} "
+                       f"(config.json); expected <preset>/seed_<seed> to match it")
+    results.append(result)
+  comparison = aggregate(results, reference)
+  write_outputs(root, comparison)
+  return comparison
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _int_list(text: str) -> list[int]:
+  try:
+    values = [int(x) for x in text.split(",") if x.strip()]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
+  if not values or len(set(values)) != len(values) or min(values) < 0:
+    raise argparse.ArgumentTypeError(f"{text!r}: expected distinct integers >= 0")
+  return values
+
+
+def _name_list(text: str) -> list[str]:
+  values = [x.strip() for x in text.split(",") if x.strip()]
+  if not values or len(set(values)) != len(values):
+    raise argparse.ArgumentTypeError(f"{text!r}: expected distinct comma-separated names")
+  return values
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+  parser = argparse.ArgumentParser(
+      prog="rised-compare", description=__doc__.split("\n\n")[0],
+      epilog="Other arguments must be --config.key=value overrides; each run receives them.")
+  parser.add_argument("--config", help="experiment config file, FILE or FILE:ARGS")
+  parser.add_argument("--presets", type=_name_list, help="comma-separated presets")
+  parser.add_argument("--seeds", type=_int_list, help="comma-separated seeds")
+  parser.add_argument("--workdir", help="comparison directory (one sub-workdir per run)")
+  parser.add_argument("--list", action="store_true", help="print the unfinished runs' commands")
+  parser.add_argument("--aggregate", metavar="DIR", help="only aggregate the runs under DIR")
+  parser.add_argument("--reference", help="the method the bootstrap compares against")
+  parser.add_argument("--jobs", type=int, default=1,
+                      help="runs at a time on this machine (default 1)")
+  args, rest = parser.parse_known_args(argv)
+  bad = [a for a in rest if not a.startswith("--config.")]
+  if bad:
+    parser.error(f"unrecognised arguments {bad}; expected --config.key=value overrides")
+  if any(a.startswith("--config.seed") for a in rest):
+    parser.error("--config.seed is set per run from --seeds; remove it")
+  if args.aggregate is None:
+    missing = [f"--{k}" for k in ("config", "presets", "seeds", "workdir") if not getattr(args, k)]
+    if missing:
+      parser.error(f"{', '.join(missing)} required (or --aggregate DIR)")
+  elif rest or args.list:
+    parser.error("--aggregate DIR takes no overrides and no --list")
+  if args.jobs < 1:
+    parser.error(f"--jobs {args.jobs}: expected >= 1")
+  if args.config and not Path(args.config.partition(":")[0]).is_file():
+    parser.error(f"--config {args.config}: {args.config.partition(':')[0]} is not a file")
+  return args, rest
+
+
+def _run_one(spec: RunSpec, config: str, overrides: Sequence[str]) -> str | None:
+  """Runs one unfinished spec; returns why it failed (None when it finished)."""
+  log_path = spec.workdir / "compare.log"
+  start = time.monotonic()
+  with open(log_path, "a", encoding="utf-8") as log:
+    code = subprocess.call(run_command(spec, config, overrides), stdout=log,
+                           stderr=subprocess.STDOUT)
+  if code != 0 or not is_finished(spec.workdir):
+    failure = f"{spec.preset} seed {spec.seed}: exit {code} (log: {log_path})"
+    print(f"rised-compare: FAILED {failure}", flush=True)
+    return failure
+  print(f"rised-compare: {spec.preset} seed {spec.seed}: done in "
+        f"{time.monotonic() - start:.0f} s", flush=True)
+  return None
+
+
+def run_all(specs: Sequence[RunSpec], config: str, overrides: Sequence[str],
+            jobs: int = 1) -> list[str]:
+  """Runs the unfinished specs, `jobs` at a time; returns the failures (with their logs)."""
+  todo = []
+  for spec in specs:
+    check_command(spec, config, overrides)
+    if is_finished(spec.workdir):
+      print(f"rised-compare: {spec.preset} seed {spec.seed}: finished, skipped", flush=True)
+    else:
+      todo.append(spec)
+  with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+    outcomes = list(pool.map(lambda spec: _run_one(spec, config, overrides), todo))
+  return [failure for failure in outcomes if failure]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+  if args.aggregate is not None:
+    comparison = aggregate_dir(args.aggregate, args.reference)
+  else:
+    specs = plan(args.workdir, args.presets, args.seeds)
+    write_plan(args.workdir, args.presets, args.seeds)
+    if args.list:
+      for spec in specs:
+        if not is_finished(spec.workdir):
+          print(shlex.join(run_command(spec, args.config, overrides)))
+      return 0
+    failures = run_all(specs, args.config, overrides, args.jobs)
+    if failures:
+      print("rised-compare: no comparison written; failed runs:\n  " + "\n  ".join(failures),
+            file=sys.stderr)
+      return 1
+    comparison = aggregate_dir(args.workdir, args.reference)
+  root = args.aggregate or args.workdir
+  print(format_markdown(comparison))
+  print(f"rised-compare: wrote {', '.join(OUTPUTS)} in {root}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

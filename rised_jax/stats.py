@@ -1,0 +1,113 @@
+"""Interval estimates used by evaluation, CriPO and the method comparison.
+
+  wilson_interval(k, n)         Wilson score interval of a binomial proportion (scipy)
+  t_interval(values)            Student-t interval of a mean (over seeds, over rubric scores)
+  paired_bootstrap(a, b, seed)  seeded bootstrap of mean(a − b), resampling pairs together
+
+All three are 95 % by default. The comparison pairs two methods' results by seed, so the
+bootstrap resamples seeds with their pair of values (scipy.stats.bootstrap, paired=True): the
+seed-to-seed variation both methods share cancels in the difference.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import Sequence
+
+import numpy as np
+import scipy.stats
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+  """Wilson score interval of a binomial proportion (z = 1.96: 95 %).
+
+  Unlike the normal (Wald) interval it stays inside [0, 1] and is not empty at 0/n or n/n.
+  scipy takes a confidence level, so z becomes 2·Φ(z) − 1 (the level whose two-sided normal
+  quantile is z).
+  """
+  if not _is_int(n) or n < 1:
+    raise ValueError(f"wilson_interval: n={n!r}; expected an int >= 1")
+  if not _is_int(successes) or not 0 <= successes <= n:
+    raise ValueError(f"wilson_interval: successes={successes!r}; expected an int in [0, {n}]")
+  if not z > 0:
+    raise ValueError(f"wilson_interval: z={z!r}; expected a positive number")
+  level = 2.0 * scipy.stats.norm.cdf(z) - 1.0
+  ci = scipy.stats.binomtest(int(successes), int(n)).proportion_ci(confidence_level=level,
+                                                                    method="wilson")
+  # Rounding can push an end a hair past [0, 1] at 0/n and n/n.
+  return max(0.0, float(ci.low)), min(1.0, float(ci.high))
+
+
+def _check_confidence(confidence: float, what: str) -> None:
+  if not 0 < confidence < 1:
+    raise ValueError(f"{what}: confidence={confidence!r}; expected a number in (0, 1)")
+
+
+def _finite_values(values: Sequence[float], what: str) -> np.ndarray:
+  array = np.asarray(values, np.float64)
+  if array.ndim != 1:
+    raise ValueError(f"{what}: expected a 1-D sequence of numbers; got shape {array.shape}")
+  if not np.all(np.isfinite(array)):
+    raise ValueError(f"{what}: values {array.tolist()} include a non-finite number")
+  return array
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+  """Student-t interval of the mean: x̄ ± t_{(1+c)/2, n−1} · s / √n (s with ddof = 1).
+
+  NaN ends for fewer than two values (no spread to estimate); (x̄, x̄) when all are equal.
+  """
+  _check_confidence(confidence, "t_interval")
+  values = _finite_values(values, "t_interval")
+  if values.size < 2:
+    return math.nan, math.nan
+  quantile = scipy.stats.t.ppf(0.5 + confidence / 2, values.size - 1)
+  half = quantile * values.std(ddof=1) / math.sqrt(values.size)
+  return float(values.mean() - half), float(values.mean() + half)
+
+
+@dataclasses.dataclass(frozen=True)
+class PairedBootstrap:
+  """mean(a − b) over pairs, its percentile bootstrap interval and the share of resamples
+  with a mean difference <= 0 (a one-sided bootstrap p-value for "a beats b")."""
+
+  mean_diff: float
+  ci_low: float
+  ci_high: float
+  p_not_better: float
+  pairs: int
+  resamples: int
+
+
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, seed: int = 0,
+                     resamples: int = 9999, confidence: float = 0.95) -> PairedBootstrap:
+  """Seeded paired bootstrap of mean(a − b): pairs (a_i, b_i) are resampled together.
+
+  Percentile interval: with the few seeds of a comparison (2–5) BCa's acceleration estimate
+  is unstable or undefined, and the percentile interval is what can be read off the resampled
+  differences directly. With n pairs there are only C(2n − 1, n) distinct resamples (10 for
+  n = 3), so the interval is coarse: read it with the per-seed values beside it.
+  """
+  _check_confidence(confidence, "paired_bootstrap")
+  a = _finite_values(a, "paired_bootstrap: a")
+  b = _finite_values(b, "paired_bootstrap: b")
+  if a.size != b.size or a.size < 2:
+    raise ValueError(f"paired_bootstrap: a has {a.size} values and b {b.size}; expected the "
+                     "same number >= 2 (one per seed; one pair has no spread to resample)")
+  if not _is_int(resamples) or resamples < 1:
+    raise ValueError(f"paired_bootstrap: resamples={resamples!r}; expected an int >= 1")
+  diff = a - b
+  result = scipy.stats.bootstrap(
+      (a, b), lambda x, y, axis=-1: np.mean(x - y, axis=axis), paired=True, vectorized=True,
+      n_resamples=resamples, confidence_level=confidence, method="percentile",
+      rng=np.random.default_rng(seed))
+  resampled = result.bootstrap_distribution
+  return PairedBootstrap(
+      mean_diff=float(diff.mean()), ci_low=float(result.confidence_interval.low),
+      ci_high=float(result.confidence_interval.high),
+      p_not_better=float(np.mean(resampled <= 0)), pairs=int(a.size), resamples=resamples)
