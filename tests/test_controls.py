@@ -98,10 +98,10 @@ def test_behaviour_weight_off_drops_the_importance_correction():
   np.testing.assert_allclose(losses[True], 2 * plain, rtol=1e-5)
 
 
-@pytest.mark.parametrize("preset,pool,batch", [("grpo", 2, 2), ("grpo_matched", 4, 4),
-                                               ("rised", 4, 2), ("rised_hint_no_iw", 4, 2)])
+@pytest.mark.parametrize("preset,pool,batch", [("grpo", 2, 2), ("grpo_matched", 8, 8),
+                                               ("rised", 8, 2), ("rised_hint_no_iw", 8, 2)])
 def test_presets_rollouts_per_step(preset, pool, batch):
-  # tiny_cpu.py: K = 4, B = 2.
+  # tiny_cpu.py: K = 8, B = 2.
   config = load_config_file(CONFIG, preset)
   assert (config.select.pool_groups, config.select.batch_groups) == (pool, batch)
   config_lib.validate(config)
