@@ -108,6 +108,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 1
   c.train.keep_checkpoints = 2
   c.train.log_every = 1
+  c.train.max_nonfinite_steps = 3          # consecutive skipped (non-finite) steps end the run
 
   c.eval = ml_collections.ConfigDict()
   c.eval.episodes_per_env = 16
@@ -249,6 +250,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if config.select.batch_groups > config.select.pool_groups:
     raise ValueError(f"config.select.batch_groups={config.select.batch_groups} exceeds "
                      f"config.select.pool_groups={config.select.pool_groups}")
+  limit = config.train.max_nonfinite_steps
+  if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+    raise ValueError(f"config.train.max_nonfinite_steps={limit!r}: expected an int >= 1 (the "
+                     "number of consecutive non-finite steps after which the run stops)")
   if config.train.steps < 0 or config.eval.episodes_per_env < 1:
     raise ValueError("config.train.steps must be >= 0 and config.eval.episodes_per_env >= 1")
   from rised_jax.learn import advantages  # noqa: PLC0415
