@@ -37,4 +37,4 @@ def evaluate(loop: AgentLoop, env_names: Sequence[str],
              seed: int = 0) -> dict[str, dict[str, float]]:
   """Pass rate per environment on held-out seeds (no hints: `loop.run(..., hints=None)`)."""
   tasks = eval_tasks(env_names, difficulty, episodes, seed_offset)
-  return pass_rates(loop.run(tasks, group_size=1, hints=None, seed=seed))
+  return pass_rates(loop.run(tasks, group_size=1, hints=None, seed=seed, desc="eval"))
