@@ -10,6 +10,10 @@ two items:
 
 Host state is produced and consumed through `HostState` providers: objects with
 `state_dict() -> JSON-able dict` and `load_state_dict(dict)`, registered by name.
+
+A run killed at any point leaves at most a temporary (uncommitted) directory and possibly more
+than `keep` committed steps (killed between a commit and the deletion of the oldest): opening
+the directory removes both. A state holding a NaN or inf is never saved.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import os
 from typing import Any, Mapping, Protocol
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -42,8 +47,17 @@ class Checkpointer:
         self.directory,
         options=ocp.CheckpointManagerOptions(
             max_to_keep=keep, save_interval_steps=save_every,
-            enable_async_checkpointing=async_save, create=True),
+            enable_async_checkpointing=async_save, create=True,
+            cleanup_tmp_directories=True),
         item_names=("state", "host"))
+    self._keep = keep
+    self.prune()
+
+  def prune(self) -> None:
+    """Deletes the oldest committed steps beyond `keep` (left by a run killed mid-save)."""
+    steps = sorted(self.all_steps())
+    for step in steps[:max(len(steps) - self._keep, 0)]:
+      self._manager.delete(step)
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -53,7 +67,15 @@ class Checkpointer:
 
   def save(self, step: int, train_state: Any, host: Mapping[str, HostState] | None = None,
            *, force: bool = False) -> bool:
-    """Starts an (async) save; returns False when `save_every` skips this step."""
+    """Starts an (async) save; returns False when `save_every` skips this step.
+
+    Raises ValueError, naming the leaf, when a floating-point array of `train_state` holds a
+    NaN or inf: a broken state must never replace a good checkpoint.
+    """
+    for path, leaf in jax.tree_util.tree_leaves_with_path(train_state):
+      if jnp.issubdtype(leaf.dtype, jnp.inexact) and not bool(jnp.isfinite(leaf).all()):
+        raise ValueError(f"refusing to save checkpoint step {step} to {self.directory}: train "
+                         f"state leaf {jax.tree_util.keystr(path)} is not finite")
     host_doc = {name: provider.state_dict() for name, provider in (host or {}).items()}
     return self._manager.save(
         step,
@@ -83,6 +105,11 @@ class Checkpointer:
                        f"it has {sorted(host_doc)}")
       provider.load_state_dict(host_doc[name])
     return restored.state
+
+  def restore_host(self, step: int) -> dict[str, Any]:
+    """The host-state document of `step` alone (no train state, so no model is needed)."""
+    restored = self._manager.restore(step, args=ocp.args.Composite(host=ocp.args.JsonRestore()))
+    return dict(restored.host or {})
 
   def wait(self) -> None:
     self._manager.wait_until_finished()

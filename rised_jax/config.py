@@ -132,6 +132,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 1
   c.train.keep_checkpoints = 2
   c.train.log_every = 1
+  c.train.max_nonfinite_steps = 3          # consecutive skipped (non-finite) steps end the run
 
   c.eval = ml_collections.ConfigDict()
   c.eval.episodes_per_env = 16
@@ -508,6 +509,8 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.checkpoint_every": _int_at_least(1),
     "train.keep_checkpoints": _int_at_least(1),
     "train.log_every": _int_at_least(1),
+    "train.max_nonfinite_steps": (_int_at_least(1)[0], "an integer >= 1 (consecutive non-finite "
+                                                       "steps after which the run stops)"),
     "eval.episodes_per_env": _int_at_least(1),
     "eval.seed_offset": _int_at_least(0),
     "eval.temperature": (_number_at_least(0)[0], "a finite number >= 0 (0: greedy)"),

@@ -111,7 +111,7 @@ def evaluate(loop: AgentLoop, env_names: Sequence[str],
   """Pass rate per environment on the held-out instances, and the evaluated groups (judged
   by `judge` when given). No hints: `loop.run(..., hints=None)`."""
   tasks = eval_tasks(env_names, difficulty, episodes, seed_offset)
-  groups = loop.run(tasks, group_size=samples, hints=None, seed=seed)
+  groups = loop.run(tasks, group_size=samples, hints=None, seed=seed, desc="eval")
   if judge is not None:
     judge.judge(groups)
   return pass_rates(groups), groups

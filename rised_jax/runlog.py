@@ -1,7 +1,8 @@
 """A run's logs: TensorBoard scalar events plus JSONL files, all in the workdir.
 
-Layout of `workdir` (every file is append-only and flushed after each call, so a killed run
-keeps everything it logged):
+`workdir` is a local directory or a bucket URL (gs://…): every file goes through
+`etils.epath`. Layout (every file is append-only and flushed after each call, so a killed run
+keeps everything it logged; a bucket backend that cannot append rewrites the object):
 
   metrics.jsonl     one line per `scalars` call: {"step", "time" (unix), "wall" (seconds of
                     run time), <tag>: value, …}
@@ -21,11 +22,12 @@ keeps everything it logged):
   *.discarded.jsonl what `rewind` moved out of the JSONL files above
 
 TensorBoard events are written with tensorboard's own record writer and event protos (no
-TensorFlow). Each `RunLog` opens a fresh event file whose name sorts after every event file
-already there: TensorBoard reads a directory's files in name order, and `rewind` relies on its
+TensorFlow). Each `RunLog` opens, at its first event, a fresh event file whose name sorts after
+every event file already there (a session that logs nothing leaves no file): TensorBoard reads a directory's files in name order, and `rewind` relies on its
 SessionLog.START event being read after the events it purges.
 
-Resuming: a resumed run calls `rewind(checkpoint_step)` before logging. Everything logged for
+Resuming: a resumed run calls `rewind(checkpoint_step)` before logging (`rewind(None)` when no
+checkpoint committed: everything logged is forgotten). Everything logged for
 later steps (the work a killed run did after its last checkpoint) moves to the side files, and
 TensorBoard drops those events when it reads the START event at checkpoint_step + 1 (with
 `purge_orphaned_data`, its default; checked with its Python loaders and its Rust data server),
@@ -44,6 +46,7 @@ import socket
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
+from etils import epath
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
@@ -155,10 +158,10 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
   A malformed last line (a run killed while writing it) is skipped; a malformed line
   elsewhere is an error naming the file and line.
   """
-  if not os.path.exists(path):
+  path = epath.Path(path)
+  if not path.exists():
     return []
-  with open(path, encoding="utf-8") as f:
-    lines = f.read().split("\n")
+  lines = path.read_text(encoding="utf-8").split("\n")
   while lines and not lines[-1].strip():
     lines.pop()
   records = []
@@ -193,6 +196,16 @@ def _scalar(value: Any, key: str) -> float:
                      "expected a real scalar") from None
 
 
+def _append_text(path: epath.Path, text: str) -> None:
+  """Appends `text` to `path`; object stores without append get the object rewritten."""
+  try:
+    with path.open("a", encoding="utf-8") as f:
+      f.write(text)
+  except NotImplementedError:
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    path.write_text(old + text, encoding="utf-8")
+
+
 def _vocabulary_entries(vocab: Vocabulary) -> list[dict[str, str]]:
   return [{"id": e.id, "polarity": e.polarity, "description": e.description}
           for e in vocab.entries]
@@ -208,19 +221,23 @@ class _EventFile:
   (an evaluation of a finished run) purges nothing.
   """
 
-  def __init__(self, directory: str):
-    os.makedirs(directory, exist_ok=True)
+  def __init__(self, directory: epath.Path):
+    directory.mkdir(parents=True, exist_ok=True)
     # Name it after every event file already there (TensorBoard reads them in name order),
     # even when a previous writer started within the same second.
-    stamps = [int(m.group(1)) for m in map(_EVENT_FILE_TIME.match, os.listdir(directory)) if m]
+    stamps = [int(m.group(1)) for m in
+              (_EVENT_FILE_TIME.match(p.name) for p in directory.iterdir()) if m]
     newest = max(stamps, default=-1)
     stamp = max(int(time.time()), newest + 1)
-    self.path = os.path.join(
-        directory, f"{_EVENT_FILE_PREFIX}{stamp:010d}.{socket.gethostname()}.{os.getpid()}")
-    self._writer = RecordWriter(open(self.path, "xb"))
+    path = directory / f"{_EVENT_FILE_PREFIX}{stamp:010d}.{socket.gethostname()}.{os.getpid()}"
+    if path.exists():
+      raise FileExistsError(f"TensorBoard event file {path} exists already")
+    self.path = os.fspath(path)
+    self._writer = RecordWriter(path.open("wb"))
     # File version 2 is what makes TensorBoard honour SessionLog.START purges.
     self.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
-    if not stamps:
+    self.first = not stamps   # the directory's first file: its START at 0 purges nothing
+    if self.first:
       self.start_session(0)
 
   def start_session(self, step: int) -> None:
@@ -238,19 +255,16 @@ class _EventFile:
 
 
 class RunLog:
-  """Writes a run's TensorBoard events and JSONL logs to `workdir` (a local directory).
+  """Writes a run's TensorBoard events and JSONL logs to `workdir` (a directory or bucket URL).
 
   With enabled=False (the non-zero processes of a multi-host run) every method validates its
   arguments and returns as usual but nothing is written.
   """
 
   def __init__(self, workdir: str | os.PathLike[str], *, enabled: bool = True):
-    workdir = os.fspath(workdir)
-    if "://" in workdir:
-      raise ValueError(f"RunLog: workdir={workdir!r} is a URL; the logs are appended line by line "
-                       "and need a local (or mounted) directory")
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-      raise ValueError(f"RunLog: workdir={workdir!r} exists and is not a directory")
+    workdir = epath.Path(workdir)
+    if workdir.exists() and not workdir.is_dir():
+      raise ValueError(f"RunLog: workdir={os.fspath(workdir)!r} exists and is not a directory")
     self.workdir = workdir
     self.enabled = bool(enabled)
     self._closed = False
@@ -259,15 +273,19 @@ class RunLog:
     self._next_group: dict[int, int] = {}   # step -> index of the next group logged at it
     self._events: _EventFile | None = None
     if self.enabled:
-      os.makedirs(workdir, exist_ok=True)
-      self._events = _EventFile(os.path.join(workdir, TENSORBOARD_DIR))
+      workdir.mkdir(parents=True, exist_ok=True)
 
-  def path(self, name: str) -> str:
-    return os.path.join(self.workdir, name)
+  def path(self, name: str) -> epath.Path:
+    return self.workdir / name
+
+  def _event_writer(self) -> _EventFile:
+    if self._events is None:
+      self._events = _EventFile(self.path(TENSORBOARD_DIR))
+    return self._events
 
   @property
   def event_file(self) -> str | None:
-    """The TensorBoard event file this RunLog writes (None when disabled)."""
+    """The TensorBoard event file this RunLog writes (None when disabled or nothing logged)."""
     return self._events.path if self._events else None
 
   def __enter__(self) -> "RunLog":
@@ -289,8 +307,7 @@ class RunLog:
   def _append(self, name: str, records: Iterable[Mapping[str, Any]]) -> None:
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     if self.enabled and text:
-      with open(self.path(name), "a", encoding="utf-8") as f:
-        f.write(text)
+      _append_text(self.path(name), text)
 
   def scalars(self, step: int, values: Mapping[str, Any], *, prefix: str = "") -> None:
     """Logs named scalars at `step`: TensorBoard tags and one metrics.jsonl line.
@@ -319,7 +336,7 @@ class RunLog:
     self._append(METRICS_FILE, [{"step": step, "time": now, "wall": wall, **tagged}])
     summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)
                                          for tag, value in tagged.items()])
-    self._events.write(event_pb2.Event(wall_time=now, step=step, summary=summary))
+    self._event_writer().write(event_pb2.Event(wall_time=now, step=step, summary=summary))
 
   def rollouts(self, step: int, groups: Sequence[Group], vocab: Vocabulary | None) -> None:
     """One rollouts.jsonl line per rollout of `groups` (the step's whole candidate pool).
@@ -363,14 +380,12 @@ class RunLog:
   def _record_vocabulary(self, vocab: Vocabulary) -> None:
     path = self.path(VOCABULARY_FILE)
     entries = _vocabulary_entries(vocab)
-    if os.path.exists(path):
-      with open(path, encoding="utf-8") as f:
-        if json.load(f) != entries:
-          raise ValueError(f"RunLog.rollouts: {path} holds another vocabulary than {vocab!r}; one "
-                           "run's rollouts must be tagged with one vocabulary")
+    if path.exists():
+      if json.loads(path.read_text(encoding="utf-8")) != entries:
+        raise ValueError(f"RunLog.rollouts: {path} holds another vocabulary than {vocab!r}; one "
+                         "run's rollouts must be tagged with one vocabulary")
       return
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump(entries, f, indent=1, ensure_ascii=False)
+    path.write_text(json.dumps(entries, indent=1, ensure_ascii=False), encoding="utf-8")
 
   def evaluation(self, step: int, results: Mapping[str, Any]) -> None:
     """Logs pass rates {env: {pass_rate, ci_low, ci_high, episodes}} to eval.jsonl and as
@@ -404,16 +419,17 @@ class RunLog:
                  "delta": mean_pass_rate(after) - mean_pass_rate(before)},
         "table": table,
     }
-    with open(self.path(SUMMARY_FILE), "w", encoding="utf-8") as f:
-      json.dump(summary, f, indent=1, ensure_ascii=False)
-    with open(self.path(RESULTS_FILE), "w", encoding="utf-8") as f:
-      f.write("# Results\n\nPass rate per environment on held-out seeds, before and after "
-              "training, with 95 % intervals; the last row is the unweighted mean across "
-              f"environments.\n\n{table}\n")
+    self.path(SUMMARY_FILE).write_text(json.dumps(summary, indent=1, ensure_ascii=False),
+                                       encoding="utf-8")
+    self.path(RESULTS_FILE).write_text(
+        "# Results\n\nPass rate per environment on held-out seeds, before and after training, "
+        "with 95 % intervals; the last row is the unweighted mean across environments.\n\n"
+        f"{table}\n", encoding="utf-8")
     return table
 
-  def rewind(self, step: int) -> None:
-    """Forgets what was logged for steps > `step` (call it on resume, before logging).
+  def rewind(self, step: int | None) -> None:
+    """Forgets what was logged for steps > `step` (call it on resume, before logging); `None`
+    forgets everything (a run restarting from scratch after a kill).
 
     Later lines of the JSONL files move to their *.discarded.jsonl side files (lines that do
     not parse move there too, wrapped as {"unparsable_line": text}); TensorBoard is told to
@@ -421,7 +437,7 @@ class RunLog:
     continues from the last kept metrics line.
     """
     self._check_open("rewind")
-    step = _check_step(step, "rewind")
+    step = -1 if step is None else _check_step(step, "rewind")
     if not self.enabled:
       return
     for name in JSONL_FILES:
@@ -430,15 +446,16 @@ class RunLog:
         self._wall_offset = float(kept_last.get("wall", 0.0))
         self._start = time.monotonic()
     self._next_group = {s: n for s, n in self._next_group.items() if s <= step}
-    self._events.start_session(step + 1)
+    events = self._event_writer()
+    if not (events.first and step < 0):   # a first file's START at 0 already purges nothing
+      events.start_session(step + 1)
 
   def _split_file(self, name: str, step: int) -> dict[str, Any] | None:
     """Moves the lines of `name` logged after `step` to the side file; returns the last kept."""
     path = self.path(name)
-    if not os.path.exists(path):
+    if not path.exists():
       return None
-    with open(path, encoding="utf-8") as f:
-      lines = [line for line in f.read().split("\n") if line.strip()]
+    lines = [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
     kept, moved, last = [], [], None
     for line in lines:
       try:
@@ -457,12 +474,10 @@ class RunLog:
     if not moved:
       return last
     # Side file first, then an atomic replace: a crash in between duplicates, never loses.
-    with open(self.path(discarded_name(name)), "a", encoding="utf-8") as f:
-      f.write("".join(line + "\n" for line in moved))
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+    _append_text(self.path(discarded_name(name)), "".join(line + "\n" for line in moved))
+    tmp = self.path(name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    tmp.replace(path)
     return last
 
   def eval_episodes(self, step: int, records: Sequence[Mapping[str, Any]]) -> None:

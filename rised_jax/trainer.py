@@ -7,41 +7,60 @@ The trainer owns no algorithm. The stages come from the config's pipeline
 (`rised_jax.pipelines`: RISED and baselines on environments, CriPO on rubric tasks) and the
 loss settings from `config.step`; the presets of `rised_jax.config` compose them. Everything
 that changes from step to step (train state, task cursor, selector / teacher / guidance
-memories, the "before" evaluation) is checkpointed, so a killed run resumes exactly.
+memories, the "before" and final evaluations, the non-finite streak) is checkpointed, so a
+killed run resumes exactly.
+
+Exactly-once logs across restarts: everything logged at step s (its evaluation, metrics and
+rollouts) precedes the checkpoint of step s, and a restart rewinds the logs to its checkpoint
+(`RunLog.rewind`; to nothing when none committed). The final evaluation is logged and recorded
+in the host state *before* the last checkpoint, so that checkpoint is the run's "finished"
+marker: a rerun of a finished run prints its table and does nothing else.
+
+Non-finite steps: the step applies no update when its loss or gradient is not finite
+(`train_step`); the trainer logs `train/skipped_nonfinite` and stops with
+`NonFiniteTrainingError` after `train.max_nonfinite_steps` consecutive ones, without
+checkpointing the failing step.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
-import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
 import tqdm
+from etils import epath
+from flax import nnx
 
 from rised_jax import checkpoint, config as config_lib, parallel, pipelines, runlog
 from rised_jax import model as model_lib
 from rised_jax.learn import batching, train_step
 
-log = logging.getLogger(__name__)
+class NonFiniteTrainingError(RuntimeError):
+  """Too many consecutive steps with a non-finite loss or gradient norm."""
 
 
 @dataclasses.dataclass
 class RunHistory:
-  """Results that a resumed run needs from before its restart (the "before" evaluation)."""
+  """What a resumed run needs from before its restart: the "before" evaluation, the final
+  one (non-empty once the run has finished) and the current run of non-finite steps."""
 
   before: dict[str, Any] = dataclasses.field(default_factory=dict)
+  after: dict[str, Any] = dataclasses.field(default_factory=dict)
+  nonfinite_streak: int = 0
 
   def state_dict(self) -> dict[str, Any]:
-    return {"before": self.before}
+    return {"before": self.before, "after": self.after, "nonfinite_streak": self.nonfinite_streak}
 
   def load_state_dict(self, state) -> None:
     self.before = dict(state["before"])
+    self.after = dict(state.get("after", {}))   # absent in checkpoints of older versions
+    self.nonfinite_streak = int(state.get("nonfinite_streak", 0))
 
 
 @dataclasses.dataclass
@@ -62,6 +81,21 @@ class Run:
     return {"history": self.history, **self.pipeline.host_state()}
 
 
+def _say(message: str) -> None:
+  """A line for the person watching (main.py keeps logging at WARNING); process 0 only."""
+  if jax.process_index() == 0:
+    tqdm.tqdm.write(message)
+
+
+def resolve_workdir(workdir: str | os.PathLike) -> epath.Path:
+  """The run directory, resolved once: a bucket URL (gs://…) verbatim, a local path absolute
+  (orbax needs absolute paths, and `runs/x` and `$PWD/runs/x` must be the same run)."""
+  text = os.fspath(workdir)
+  if "://" in text:
+    return epath.Path(text)
+  return epath.Path(os.path.abspath(os.path.expanduser(text)))
+
+
 def _engine(config: ml_collections.ConfigDict, model, tokenizer):
   if config.rollout.engine == "jax":
     from rised_jax.rollout.jax_engine import JaxEngine  # noqa: PLC0415 - optional stage
@@ -72,23 +106,35 @@ def _engine(config: ml_collections.ConfigDict, model, tokenizer):
                      reuse_prefix=config.rollout.reuse_prefix)
   from rised_jax.rollout.sglang_engine import SGLangEngine  # noqa: PLC0415
   return SGLangEngine(config.rollout.sglang_url, tokenizer=tokenizer,
-                      weight_dir=os.path.join(config.workdir, "weights"),
+                      weight_dir=os.fspath(epath.Path(config.workdir) / "weights"),
                       timeout_s=config.rollout.sglang.timeout_s,
                       max_retries=config.rollout.sglang.retries,
                       vocab_size=model.cfg.vocab_size)
 
 
-def _check_workdir_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
+# Where the workdir is, is not part of what the run is (a moved or differently spelled
+# workdir is the same run).
+_CONFIG_KEYS_IGNORED = ("workdir",)
+
+
+def _check_saved_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
   """A workdir belongs to one config: resuming with a different one is an error."""
   path = workdir / "config.json"
+  if not path.exists():
+    return
   current = _flat(json.loads(config.to_json_best_effort(sort_keys=True)))
-  if path.exists():
-    saved = _flat(json.loads(path.read_text()))
-    diff = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
-    if diff:
-      raise ValueError(f"{path} holds a different config (differs at {diff}); use a new "
-                       f"--workdir, or the same config to resume")
-  else:
+  saved = _flat(json.loads(path.read_text()))
+  diff = sorted(k for k in set(saved) | set(current)
+                if saved.get(k) != current.get(k) and k not in _CONFIG_KEYS_IGNORED)
+  if diff:
+    raise ValueError(f"{path} holds a different config (differs at {diff}); use a new "
+                     f"--workdir, or the same config to resume")
+
+
+def _write_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
+  """config.json, once the run has been built (a failed first attempt must not lock it)."""
+  path = workdir / "config.json"
+  if not path.exists() and jax.process_index() == 0:
     path.write_text(config.to_json_best_effort(indent=2, sort_keys=True))
 
 
@@ -101,28 +147,52 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
   return {prefix[:-1]: tree}
 
 
-def build(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Run:
-  """Validates the config, then loads the model and builds every stage."""
+def _prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> epath.Path:
+  """Validates the config, resolves the workdir into `config.workdir` and checks that the
+  workdir's saved config (if any) is this one: everything that fails before any loading."""
   config_lib.validate(config, num_devices=jax.device_count())
-  workdir = Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  workdir = resolve_workdir(workdir)
   with config.unlocked():
-    config.workdir = str(workdir)
-  _check_workdir_config(workdir, config)
+    config.workdir = os.fspath(workdir)
+  _check_saved_config(workdir, config)
+  return workdir
 
+
+def _load_model(config: ml_collections.ConfigDict):
+  _say(f"loading model {config.model.source} ({config.model.dtype})…")
+  start = time.perf_counter()
   model, tokenizer = model_lib.from_pretrained(config.model.source, dtype=config.model.dtype,
                                                remat=config.model.remat)
+  params = jax.tree.leaves(nnx.state(model, nnx.Param))
+  count = sum(int(np.prod(p.shape)) for p in params)
+  size = sum(int(np.prod(p.shape)) * p.dtype.itemsize for p in params)
+  _say(f"loaded {config.model.source}: {count / 1e6:.1f} M parameters, {size / 2**20:.0f} MiB, "
+       f"in {time.perf_counter() - start:.1f} s")
+  return model, tokenizer
+
+
+def build(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Run:
+  """Validates the config, then loads the model and builds every stage; writes config.json
+  into the workdir only once all of that has succeeded."""
+  workdir = _prepare(config, workdir)
+  model, tokenizer = _load_model(config)
   mesh = parallel.make_mesh(parallel.MeshShape(**config.mesh.to_dict()))
   optimizer = train_step.make_optimizer(config_lib.optimizer_config(config))
   trainable, state = train_step.create(model, optimizer, config_lib.step_config(config), mesh,
                                        seed=config.seed)
   engine = _engine(config, trainable.model(state), tokenizer)
-  return Run(config=config, tokenizer=tokenizer, trainable=trainable, state=state,
-             engine=engine, pipeline=pipelines.make_pipeline(config, engine, tokenizer),
-             checkpointer=checkpoint.Checkpointer(workdir / "checkpoints",
-                                                  keep=config.train.keep_checkpoints),
-             log=runlog.RunLog(workdir, enabled=jax.process_index() == 0),
-             history=RunHistory())
+  run = Run(config=config, tokenizer=tokenizer, trainable=trainable, state=state,
+            engine=engine, pipeline=pipelines.make_pipeline(config, engine, tokenizer),
+            checkpointer=_checkpointer(config, workdir),
+            log=runlog.RunLog(workdir, enabled=jax.process_index() == 0),
+            history=RunHistory())
+  _write_config(workdir, config)
+  return run
+
+
+def _checkpointer(config: ml_collections.ConfigDict,
+                  workdir: epath.Path) -> checkpoint.Checkpointer:
+  return checkpoint.Checkpointer(workdir / "checkpoints", keep=config.train.keep_checkpoints)
 
 
 # ----------------------------------------------------------------------------- stages
@@ -138,9 +208,36 @@ def assemble(run: Run, rows: list[batching.Row]):
       **run.config.batching.to_dict())
 
 
-def update(run: Run, batch) -> dict[str, float]:
-  run.state, metrics = run.trainable.step(run.state, run.trainable.put_batch(batch))
-  return {k: float(v) for k, v in metrics.items()}
+def update(run: Run, batch, compiled_shapes: set | None = None) -> dict[str, float]:
+  """One fused step. With `compiled_shapes`, a batch shape not in it (the step compiles for
+  it) is announced and the compile time JAX reports is printed."""
+  shape = tuple(np.shape(batch["input_ids"]))
+  if compiled_shapes is None or shape in compiled_shapes:
+    run.state, metrics = run.trainable.step(run.state, run.trainable.put_batch(batch))
+    return {k: float(v) for k, v in metrics.items()}
+  _say(f"compiling the train step for a batch of {shape[0]} × {shape[1]} tokens…")
+  with _compile_seconds() as seconds:
+    run.state, metrics = run.trainable.step(run.state, run.trainable.put_batch(batch))
+    metrics = {k: float(v) for k, v in metrics.items()}
+  compiled_shapes.add(shape)
+  _say(f"compiled the train step in {seconds[0]:.1f} s")
+  return metrics
+
+
+@contextlib.contextmanager
+def _compile_seconds():
+  """Seconds JAX spends tracing, lowering and compiling inside the block (its own events)."""
+  total = [0.0]
+
+  def listener(event: str, duration: float, **_):
+    if event.startswith("/jax/core/compile/"):
+      total[0] += duration
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield total
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
 
 
 def sync_weights(run: Run, version: int) -> None:
@@ -159,15 +256,22 @@ def run_evaluation(run: Run, step: int) -> dict[str, dict[str, float]]:
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[str, Any]:
-  """Runs (or resumes) training; returns the before/after evaluation summary."""
+  """Runs, resumes or (when finished) just reports a run; returns the before/after summary."""
+  workdir = _prepare(config, workdir)
+  finished = _finished_history(config, workdir)
+  if finished is not None:
+    _say(f"{workdir} has finished all {config.train.steps} steps; its results:")
+    return _report(runlog.RunLog(workdir, enabled=jax.process_index() == 0), finished)
   run = build(config, workdir)
   start = resume(run)
+  history, steps, p = run.history, config.train.steps, run.pipeline
   if start == 0:
-    run.history.before = run_evaluation(run, 0)
-  steps = config.train.steps
-  p = run.pipeline
-  for step in tqdm.trange(start, steps, initial=start, total=steps, desc="train",
-                          disable=jax.process_index() != 0):
+    history.before = run_evaluation(run, 0)
+  last_pass = runlog.mean_pass_rate(history.before)
+  compiled_shapes: set = set()
+  bar = tqdm.trange(start, steps, initial=start, total=steps, desc="train",
+                    disable=jax.process_index() != 0)
+  for step in bar:
     timer = _StageTimer()
     metrics: dict[str, float] = {}
     with timer("rollout"):
@@ -183,38 +287,96 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     with timer("batch"):
       batch = assemble(run, p.rows(selected))
     with timer("step"):
-      metrics.update(update(run, batch))
+      step_metrics = update(run, batch, compiled_shapes)
+    skipped = step_metrics.pop("skipped_nonfinite")
+    metrics.update(step_metrics)
+    metrics["train/skipped_nonfinite"] = skipped
+    history.nonfinite_streak = history.nonfinite_streak + 1 if skipped else 0
     with timer("sync"):
       sync_weights(run, step + 1)
     p.observe(pool)
     done = step + 1
-    if config.train.eval_every and done % config.train.eval_every == 0 and done < steps:
+    failed = history.nonfinite_streak >= config.train.max_nonfinite_steps
+    periodic = config.train.eval_every and done % config.train.eval_every == 0
+    if not failed and (done == steps or periodic):
       with timer("eval"):
-        run_evaluation(run, done)
+        results = run_evaluation(run, done)
+      last_pass = runlog.mean_pass_rate(results)
+      if done == steps:
+        history.after = results   # recorded in the final checkpoint: the run is finished
     metrics.update(p.metrics(pool, selected))
     metrics.update(timer.seconds)
     run.log.scalars(done, metrics)
     run.log.rollouts(done, pool, getattr(p, "vocab", None))
+    bar.set_postfix(loss=f"{metrics['loss']:.4g}", reward=f"{_mean_reward(pool):.3f}",
+                    pass_rate=f"{last_pass:.3f}", refresh=False)
+    if failed:
+      _stop_nonfinite(run, done)
     if done % config.train.checkpoint_every == 0 or done == steps:
       run.checkpointer.save(done, run.state, run.host_state())
-  after = run_evaluation(run, steps)
-  table = run.log.write_summary(run.history.before, after)
+  if steps == 0:
+    history.after = run_evaluation(run, 0)
+    run.checkpointer.save(0, run.state, run.host_state())
   run.checkpointer.close()
+  return _report(run.log, history)
+
+
+def _mean_reward(pool) -> float:
+  return float(np.mean([np.mean(g.rewards) for g in pool]))
+
+
+def _stop_nonfinite(run: Run, done: int) -> None:
+  """Ends a run whose last `max_nonfinite_steps` steps were all skipped; nothing is saved."""
+  limit = run.config.train.max_nonfinite_steps
+  run.checkpointer.close()   # finishes the saves of earlier (finite) steps
   run.log.close()
+  last = run.checkpointer.latest_step()
+  raise NonFiniteTrainingError(
+      f"steps {done - limit + 1}..{done}: the loss or gradient norm was not finite in "
+      f"{limit} consecutive steps (config.train.max_nonfinite_steps={limit}); no update was "
+      f"applied for them and the last good state is checkpoint {last} in "
+      f"{run.checkpointer.directory}. Lower config.optim.learning_rate or check the data; see "
+      f"'loss' and 'grad_norm' in {run.log.path(runlog.METRICS_FILE)}")
+
+
+def _finished_history(config: ml_collections.ConfigDict,
+                      workdir: epath.Path) -> RunHistory | None:
+  """The history of a finished run in `workdir` (its last checkpoint holds the final
+  evaluation), else None. Opening the checkpoints also removes what a kill left behind."""
+  if not (workdir / "checkpoints").exists():
+    return None
+  checkpointer = _checkpointer(config, workdir)
+  try:
+    step = checkpointer.latest_step()
+    if step != config.train.steps:
+      return None
+    history = RunHistory()
+    history.load_state_dict(checkpointer.restore_host(step)["history"])
+    return history if history.after else None
+  finally:
+    checkpointer.close()
+
+
+def _report(log: runlog.RunLog, history: RunHistory) -> dict[str, Any]:
+  """Writes results.md / summary.json, prints the table; closes the log."""
+  table = log.write_summary(history.before, history.after)
+  log.close()
   if jax.process_index() == 0:
     print(table)
-  return {"before": run.history.before, "after": after}
+  return {"before": history.before, "after": history.after}
 
 
 def resume(run: Run) -> int:
-  """Restores the latest checkpoint, if any; returns the step to continue from."""
+  """Restores the latest checkpoint, if any, and rewinds the logs to it (to nothing when no
+  checkpoint committed: a fresh start); returns the step to continue from."""
   step = run.checkpointer.latest_step()
   if step is None:
+    run.log.rewind(None)
     return 0
   run.state = run.checkpointer.restore(step, run.state, run.host_state())
   sync_weights(run, step)
   run.log.rewind(step)
-  log.info("resumed from step %d of %s", step, run.checkpointer.directory)
+  _say(f"resumed from step {step} of {run.checkpointer.directory}")
   return step
 
 

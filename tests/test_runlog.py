@@ -100,8 +100,36 @@ def test_event_files_sort_in_creation_order(tmp_path):
   paths = []
   for _ in range(12):
     with RunLog(tmp_path) as log:
+      log.scalars(1, {"x": 1.0})   # the event file opens at the first event
       paths.append(log.event_file)
   assert sorted(paths) == paths and len(set(paths)) == 12
+
+
+def test_a_session_that_logs_nothing_leaves_no_event_file(tmp_path):
+  """A rerun of a finished run opens its log only to rewrite the summary."""
+  with RunLog(tmp_path) as log:
+    log.scalars(1, {"x": 1.0})
+  with RunLog(tmp_path) as log:
+    log.write_summary(BEFORE, AFTER)
+    assert log.event_file is None
+  assert len(list((tmp_path / runlog.TENSORBOARD_DIR).iterdir())) == 1
+
+
+def test_rewind_to_none_forgets_everything(tmp_path):
+  """A run killed before its first checkpoint restarts from scratch: no line may survive."""
+  with RunLog(tmp_path) as log:
+    log.evaluation(0, AFTER)
+    log.scalars(1, {"loss": 1.0})
+  with RunLog(tmp_path) as log:
+    log.rewind(None)
+    log.evaluation(0, BEFORE)
+  assert [r["step"] for r in runlog.read_jsonl(tmp_path / runlog.EVAL_FILE)] == [0] * len(BEFORE)
+  metrics = runlog.read_jsonl(tmp_path / runlog.METRICS_FILE)
+  assert [m["step"] for m in metrics] == [0] and "loss" not in metrics[0]
+  assert tb_scalars(tmp_path, "eval/mean_pass_rate") == [(0, pytest.approx((0.25 + 0.5) / 2))]
+  logdir = os.path.join(tmp_path, runlog.TENSORBOARD_DIR)
+  accumulator = event_accumulator.EventAccumulator(logdir, purge_orphaned_data=True).Reload()
+  assert accumulator.Scalars("loss") == []   # the tag may stay listed, its events are purged
 
 
 # --- rollouts and evaluation ---------------------------------------------------------------------
@@ -327,8 +355,6 @@ def test_summary_rejects_bad_results(tmp_path, after, message):
 # --- bad input, closed and disabled logs ---------------------------------------------------------
 
 def test_bad_input_gets_clear_errors(tmp_path):
-  with pytest.raises(ValueError, match="is a URL"):
-    RunLog("gs://bucket/run")
   (tmp_path / "file").write_text("x")
   with pytest.raises(ValueError, match="not a directory"):
     RunLog(tmp_path / "file")

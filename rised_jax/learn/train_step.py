@@ -2,6 +2,9 @@
 
     step(state, batch) -> (state, metrics)
 
+A step whose loss or gradient norm is not finite leaves the state unchanged and reports
+`skipped_nonfinite` = 1 (see the end of `make_step_fn`).
+
 For each micro-batch: student hidden states (with gradient), teacher hidden states over the
 teacher rows (stop-gradient; the live parameters by default, an EMA or the frozen initial
 parameters as options), then `chunked.token_stats_chunked` forms student and teacher logits one
@@ -381,6 +384,13 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                            rng=jax.random.split(state.rng)[0] if state.rng.ndim == 1
                            else state.rng, teacher_params=teacher_params)
+    # A non-finite loss or gradient (or an update that overflows the parameters) applies
+    # nothing: the whole state, step counter and RNG included, stays bit-identical, so
+    # `state.step` counts applied updates and the trainer decides when to give up.
+    finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+              & jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(params)])))
+    new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+    metrics["skipped_nonfinite"] = 1.0 - finite.astype(jnp.float32)
     return new_state, metrics
 
   return step

@@ -41,6 +41,9 @@ import hashlib
 import numbers
 from typing import Mapping, Sequence
 
+import jax
+import tqdm
+
 from rised_jax import envs
 from rised_jax.model.tokenizer import Tokenizer
 from rised_jax.rollout.base import (Engine, GenerationRequest, GenerationResult, SamplingParams,
@@ -157,8 +160,11 @@ class AgentLoop:
                                 observation)
 
   def run(self, tasks: Sequence[Task], group_size: int,
-          hints: Mapping[str, str] | None = None, seed: int = 0) -> list[Group]:
-    """G rollouts of every task (in order), with the environment's hint where `hints` has one."""
+          hints: Mapping[str, str] | None = None, seed: int = 0,
+          desc: str = "rollout") -> list[Group]:
+    """G rollouts of every task (in order), with the environment's hint where `hints` has one.
+
+    A progress bar named `desc` counts finished episodes (process 0; it clears when done)."""
     group_size = _positive_int("group_size", group_size)
     hints = dict(hints or {})
     for env_name, hint in hints.items():
@@ -174,16 +180,19 @@ class AgentLoop:
     if reset is not None:
       reset()
     live = list(episodes)
-    while live:
-      results = generate_or_none(self.engine, [self._request(e, seed) for e in live])
-      if len(results) != len(live):
-        raise RuntimeError(f"engine returned {len(results)} results for {len(live)} requests")
-      for episode, result in zip(live, results):
-        if result is None:
-          episode.failed = episode.done = True
-        else:
-          self._advance(episode, result)
-      live = [e for e in live if not e.done]
+    with tqdm.tqdm(total=len(episodes), desc=desc, unit="episode", leave=False,
+                   disable=jax.process_index() != 0) as bar:
+      while live:
+        results = generate_or_none(self.engine, [self._request(e, seed) for e in live])
+        if len(results) != len(live):
+          raise RuntimeError(f"engine returned {len(results)} results for {len(live)} requests")
+        for episode, result in zip(live, results):
+          if result is None:
+            episode.failed = episode.done = True
+          else:
+            self._advance(episode, result)
+        bar.update(sum(e.done for e in live))
+        live = [e for e in live if not e.done]
     groups = [episodes[i * group_size:(i + 1) * group_size] for i in range(len(tasks))]
     kept = [Group(task=task, trajectories=[e.to_trajectory() for e in group])
             for task, group in zip(tasks, groups) if not any(e.failed for e in group)]
