@@ -83,10 +83,11 @@ def test_a_diverging_run_stops_with_an_error_and_finite_checkpoints(tmp_path):
   rollouts, so the first step has a gradient): the run must fail (non-zero exit, a message
   naming the key), every kept checkpoint must be finite and hold the last applied update's
   state. Before the guard this run exited 0 with NaN checkpoints."""
-  model_dir = tiny.write(tmp_path / "model", ["frozenlake"])
+  model_dir = tiny.write(tmp_path / "model", ["maze"])
   workdir = tmp_path / "run"
   cmd = [sys.executable, "-m", "rised_jax.main", f"--config={CONFIG}:rised,easy",
          f"--workdir={workdir}", f"--config.model.source={model_dir}",
+         "--config.select.pool_groups=8", "--config.select.batch_groups=2",
          "--config.optim.learning_rate=1e30", "--config.train.steps=8",
          "--config.eval.episodes_per_env=8",
          "--config.train.keep_checkpoints=10", "--config.train.max_nonfinite_steps=2"]
