@@ -7,9 +7,11 @@ Two levels, one per place in the pipeline:
   rollout y*, the rollouts that get a counterfactual teacher, and the per-sample diagnostics. These
   decide which teacher contexts are built, so they run before batch assembly.
 - Token level (JAX, jit-able, vectorised over rows; arrays shaped [B, T]): the localisation mask of
-  the criterion-injection distillation, the counterfactual flip of per-token advantages, the β
-  warm-up and the token diagnostics. `learn.train_step` calls them on the per-token quantities of
-  its chunked scan.
+  the criterion-injection distillation, the counterfactual flip of per-token advantages and the
+  β warm-up. `learn.train_step` calls them on the per-token quantities of its chunked scan and
+  counts the token diagnostics over the whole batch (`kept_frac`: kept tokens / the injection
+  rows' distillation tokens; `flip_frac`: flipped tokens / the counterfactual rows' response
+  tokens).
 
 Definitions stated by the paper, and this implementation's choices ([C-choice], named options):
 
@@ -391,21 +393,3 @@ def beta_schedule(step: jax.typing.ArrayLike, beta: float, warmup_steps: int = 5
   ramp = (jnp.asarray(step, jnp.float32) + 1.0) / warmup_steps
   return jnp.asarray(beta, jnp.float32) * jnp.clip(ramp, 0.0, 1.0)
 
-
-def token_diagnostics(keep_mask: jnp.ndarray, localised_response_mask: jnp.ndarray, flip_mask: jnp.ndarray,
-                      cf_mask: jnp.ndarray, response_mask: jnp.ndarray) -> dict[str, jnp.ndarray]:
-  """Token fractions (0 when the denominator is empty), all inputs [B, T].
-
-  kept: kept tokens / response tokens of the distilled rows (localised_response_mask);
-  flipped: flipped tokens / tokens of the counterfactual rows (cf_mask), and / all response tokens.
-  """
-  def fraction(numerator, denominator):
-    numerator = jnp.sum(numerator > 0).astype(jnp.float32)
-    denominator = jnp.sum(denominator > 0).astype(jnp.float32)
-    return jnp.where(denominator > 0, numerator / jnp.maximum(denominator, 1.0), 0.0)
-
-  return {
-      "cripo/frac_tokens_kept": fraction(keep_mask, localised_response_mask),
-      "cripo/frac_cf_tokens_flipped": fraction(flip_mask, cf_mask),
-      "cripo/frac_response_tokens_flipped": fraction(flip_mask, response_mask),
-  }
