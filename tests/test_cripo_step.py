@@ -144,7 +144,7 @@ def reference_masks(model, rows):
   return kept, flipped
 
 
-def reference_loss(model, rows, kept, flipped, *, beta, distill=True):
+def reference_loss(model, rows, kept, flipped, *, beta, distill=True, clamp_loss=True):
   """seq-mean-token-mean GRPO on the edited advantages + β · (Σ kept KL / number kept)."""
   row_losses, kl_sum = [], 0.0
   for row, keep, flip in zip(rows, kept, flipped):
@@ -163,7 +163,8 @@ def reference_loss(model, rows, kept, flipped, *, beta, distill=True):
     if distill and row.teacher_prefix_ids is not None:
       teacher = jax.lax.stop_gradient(
           response_log_softmax(model, row.teacher_prefix_ids, row.response_ids))
-      kl = jnp.minimum((jnp.exp(teacher) * (teacher - student)).sum(-1), CLAMP)
+      kl = (jnp.exp(teacher) * (teacher - student)).sum(-1)
+      kl = jnp.minimum(kl, CLAMP) if clamp_loss else kl
       kl_sum = kl_sum + (kl * jnp.asarray(keep)).sum()
   total = sum(row_losses) / len(row_losses)
   kept_count = sum(int(k.sum()) for k in kept)
@@ -229,6 +230,19 @@ def test_fused_step_with_both_branches_equals_the_per_row_reference(reference, m
   assert metrics["flip_frac"] == pytest.approx(metrics["flipped_tokens"] / cf_tokens)
   np.testing.assert_allclose(metrics["loss"], reference["loss"], rtol=1e-5, atol=1e-6)
   assert_grads_close(grads, reference["grads"])
+
+
+def test_clamp_for_the_ranking_only_keeps_the_gradient_of_the_top_tokens(reference):
+  """clamp_loss=False: tokens with KL > 10 (two here) are ranked as 10 but trained unclamped."""
+  rows, kept, flipped = reference["rows"], reference["kept"], reference["flipped"]
+  loss, ref_grads = reference_grads(peaky_model(), rows, kept, flipped, beta=BETA,
+                                    clamp_loss=False)
+  assert float(loss) > reference["loss"] + 1e-4     # the clamp was active in the paper setting
+  metrics, grads = one_sgd_step(peaky_model(), step_config(micro_batches=2, clamp_loss=False),
+                                assemble(rows))
+  assert metrics["kept_tokens"] == sum(k.sum() for k in kept)
+  np.testing.assert_allclose(metrics["loss"], float(loss), rtol=1e-5, atol=1e-6)
+  assert_grads_close(grads, ref_grads)
 
 
 def test_both_branches_off_is_plain_rubric_grpo_of_the_reference(reference):

@@ -61,6 +61,9 @@ class StepConfig:
   divergence: str = "forward-kl"
   topk: int | None = None
   clamp: float | None = None
+  # True: the loss uses min(d, clamp), so a token above the clamp has no gradient (verl's
+  # convention); False (needs localize): the clamp only ranks tokens for the localisation.
+  clamp_loss: bool = True
   # CriPO (§3): localised distillation and the counterfactual advantage flip
   localize: bool = False
   localize_gamma: float = 0.95
@@ -87,6 +90,10 @@ class StepConfig:
       raise ValueError(f"micro_batches ({self.micro_batches}) and chunk ({self.chunk}) must be >= 1")
     if self.localize and not self.distills:
       raise ValueError("localize=True needs a distillation weight beta > 0")
+    if not self.clamp_loss and not (self.localize and self.clamp is not None):
+      raise ValueError("clamp_loss=False keeps the clamp for the localisation ranking only, so it "
+                       f"needs localize=True and a clamp; got localize={self.localize}, "
+                       f"clamp={self.clamp}")
     if self.ref_kl_estimator not in losses.KL_ESTIMATORS:
       raise ValueError(f"ref_kl_estimator {self.ref_kl_estimator!r}: expected one of "
                        f"{sorted(losses.KL_ESTIMATORS)}")
@@ -207,7 +214,8 @@ def _distill_token_stats(model, teacher_model, config: StepConfig, mb: Mapping[s
                                                  mb["teacher_attention_mask"])
   return chunked.token_stats_chunked(
       student_hidden, teacher_hidden, model.logits, mb["input_ids"], chunk=config.chunk,
-      divergence=config.divergence, topk=config.topk, clamp=config.clamp,
+      divergence=config.divergence, topk=config.topk,
+      clamp=config.clamp if config.clamp_loss else None,
       teacher_logits_fn=None if teacher_model is None else teacher_model.logits)
 
 
