@@ -450,6 +450,10 @@ def test_paper_configs_validate_without_the_model(name, beta):
     assert (c.rollout.group_size, c.select.batch_groups, c.select.pool_groups) == (8, 64, 64)
     assert (c.optim.learning_rate, c.train.steps, c.rubric.max_new_tokens) == (1e-6, 200, 4096)
     assert c.step.beta == (beta if preset in ("cripo", "cripo_u") else 0.0)
+    if preset in ("cripo", "cripo_u"):
+      # The paper's normaliser under micro-batching: the kept set comes from the pre-pass.
+      step = config_lib.step_config(c)
+      assert (step.distill_norm, step.micro_batches, step.kept_pre_pass) == ("kept-tokens", 8, True)
     assert c.rollout.engine == "sglang" and c.rubric.judge.backend == "openai"
     assert c.rubric.judge.options.model == "Qwen/Qwen3-32B"
     assert not Path(c.model.source).exists()
@@ -466,6 +470,8 @@ def test_cpu_config_validates():
     c = load_config_file(CONFIGS / "cripo_cpu.py", preset)
     config_lib.validate(c)
     assert c.pipeline == "rubric" and c.model.source == "smollm2-135m-instruct"
+    if preset in ("cripo", "cripo_u"):
+      assert (c.step.distill_norm, c.step.micro_batches) == ("kept-tokens", 1)
 
 
 @pytest.mark.parametrize("edits, message", [
