@@ -195,6 +195,15 @@ def _integer_weights(weights: np.ndarray) -> np.ndarray:
   return out
 
 
+def _exact_scores(verdicts, weights, criterion_mask) -> tuple[np.ndarray, np.ndarray]:
+  """(D object [groups, G], integer weights W object [groups, C]); see `exact_centred_rewards`."""
+  verdicts_f, _, mask = _validated(verdicts, weights, criterion_mask)
+  integer_weights = _integer_weights(np.where(mask, np.asarray(weights), 0))
+  met = verdicts_f.astype(np.int64).astype(object)
+  scores = np.einsum("gic,gc->gi", met, integer_weights)          # s_i, exact
+  return verdicts_f.shape[1] * scores - scores.sum(-1, keepdims=True), integer_weights
+
+
 def exact_centred_rewards(verdicts: np.ndarray, weights: np.ndarray,
                           criterion_mask: np.ndarray | None = None) -> np.ndarray:
   """D_i = G·s_i − Σ_k s_k with s_i = Σ_j W_j r_ij: Python ints, object [groups, G].
@@ -202,12 +211,7 @@ def exact_centred_rewards(verdicts: np.ndarray, weights: np.ndarray,
   D_i = G·L·Z·(R_i − mean R) for every normaliser Z > 0, so D has the signs, zeros and order
   of A_i and of every sum of A_i over a set of rollouts, exactly (module docstring).
   """
-  verdicts_f, _, mask = _validated(verdicts, weights, criterion_mask)
-  integer_weights = _integer_weights(np.where(mask, np.asarray(weights), 0))
-  met = verdicts_f.astype(np.int64).astype(object)
-  scores = np.einsum("gic,gc->gi", met, integer_weights)          # s_i, exact
-  group_size = verdicts_f.shape[1]
-  return group_size * scores - scores.sum(-1, keepdims=True)
+  return _exact_scores(verdicts, weights, criterion_mask)[0]
 
 
 def exact_advantages(verdicts: np.ndarray, weights: np.ndarray, criterion_mask: np.ndarray | None = None,
@@ -220,11 +224,9 @@ def exact_advantages(verdicts: np.ndarray, weights: np.ndarray, criterion_mask: 
   """
   if not eps >= 0:
     raise ValueError(f"eps={eps!r}; expected a number >= 0")
-  centred = exact_centred_rewards(verdicts, weights, criterion_mask)
-  _, _, mask = _validated(verdicts, weights, criterion_mask)
-  integer_weights = _integer_weights(np.where(mask, np.asarray(weights), 0))
+  centred, integer_weights = _exact_scores(verdicts, weights, criterion_mask)
   scale = _denominators(integer_weights, normalizer)           # L·Z per group, exact
-  _check_denominators(scale, np.where(mask, np.asarray(weights, np.float64), 0.0), normalizer)
+  _check_denominators(scale, np.asarray(weights, np.float64), normalizer)
   group_size = centred.shape[1]
   deviation = np.array([[float(fractions.Fraction(d, group_size * z)) for d in row]
                         for row, z in zip(centred, scale)], np.float64).reshape(centred.shape)
