@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -176,9 +180,9 @@ def reference_loss(model, rows, kept, flipped, *, beta, distill=True, clamp_loss
 # ------------------------------------------------------------------------------ the step
 
 
-def one_sgd_step(model, config, batch):
+def one_sgd_step(model, config, batch, mesh=None):
   """Metrics and the gradient (parameters before − after one SGD step with rate 1)."""
-  mesh = parallel.make_mesh(parallel.MeshShape(1, 1, 1), devices=jax.devices()[:1])
+  mesh = mesh or parallel.make_mesh(parallel.MeshShape(1, 1, 1), devices=jax.devices()[:1])
   trainable, state = train_step.create(model, optax.sgd(1.0), config, mesh)
   before = jax.tree.map(np.asarray, jax.device_get(state.params))
   state, metrics = trainable.step(state, trainable.put_batch(batch))
@@ -243,6 +247,35 @@ def test_clamp_for_the_ranking_only_keeps_the_gradient_of_the_top_tokens(referen
   assert metrics["kept_tokens"] == sum(k.sum() for k in kept)
   np.testing.assert_allclose(metrics["loss"], float(loss), rtol=1e-5, atol=1e-6)
   assert_grads_close(grads, ref_grads)
+
+
+SHARDED = """
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax, numpy as np
+from rised_jax import parallel
+from tests import test_cripo_step as t
+mesh = parallel.make_mesh(parallel.MeshShape(2, 2, 1))
+metrics, grads = t.one_sgd_step(t.peaky_model(), t.step_config(micro_batches=2),
+                                t.assemble(t.cripo_rows()), mesh)
+np.savez(sys.argv[1], *jax.tree.leaves(grads), **{"metric_" + k: v for k, v in metrics.items()})
+"""
+
+
+def test_kept_token_normaliser_is_exact_over_data_shards_and_micro_batches(reference, tmp_path):
+  """4 devices (data 2 × fsdp 2) × 2 micro-batches: the same update as the reference."""
+  out = tmp_path / "sharded.npz"
+  repo = Path(__file__).resolve().parent.parent
+  env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+  subprocess.run([sys.executable, "-c", SHARDED, str(out)], check=True, cwd=repo, env=env,
+                 timeout=600)
+  result = np.load(out)
+  assert result["metric_kept_tokens"] == sum(k.sum() for k in reference["kept"])
+  assert result["metric_flipped_tokens"] == sum(f.sum() for f in reference["flipped"])
+  np.testing.assert_allclose(result["metric_loss"], reference["loss"], rtol=1e-5, atol=1e-6)
+  assert_grads_close([result[f"arr_{i}"] for i in range(len(jax.tree.leaves(reference["grads"])))],
+                     reference["grads"])
 
 
 def test_both_branches_off_is_plain_rubric_grpo_of_the_reference(reference):

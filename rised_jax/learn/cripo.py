@@ -27,8 +27,8 @@ Definitions stated by the paper, and this implementation's choices ([C-choice], 
   scaled to integers (L: the common denominator of the weights, each read as the shortest
   decimal that round-trips in its dtype, i.e. what the task file wrote, so 0.1 + 0.2 = 0.3).
   D_i = G·L·Z·(R_i − mean R) is a Python integer: no rounding, no tolerance. (Dividing
-  float32 sums by std R amplifies rounding to ~1e-5, which an absolute tolerance of 1e-6
-  mislabelled in ~9 % of realistic groups.)
+  float32 sums by std R amplifies rounding to ~1e-5; an absolute tolerance of 1e-6 on float32
+  advantages mislabelled SC in 6–9 % of simulated RaR-like groups.)
 - UC: C_u = {j : r_ij = 0 ∀ i}; if |C_u| > 3 keep the 3 largest ω_j, ties broken by the lower
   criterion index (rubric order). Pitfalls (ω_j < 0) are excluded by default: a pitfall nobody
   committed is a success, and a teacher told to "satisfy" it would teach the pitfall
@@ -42,7 +42,9 @@ Definitions stated by the paper, and this implementation's choices ([C-choice], 
   the first and last e = floor(edge_fraction · n) are masked (n response tokens; e may be 0); the
   remaining tokens are sorted by clamped KL, descending, ties by position (earlier first); keep
   the shortest prefix whose KL sum reaches γ · (total KL of the unmasked tokens). A row whose total
-  is 0 keeps nothing. Tokens with KL 0 are never needed, so never kept.
+  is 0 keeps nothing. Tokens with KL 0 are never needed, so never kept. The loss uses the same
+  clamp, min(KL, kl_clamp), so a token above it has no gradient; `StepConfig.clamp_loss=False`
+  keeps the clamp for the ranking only. [C-choice]
 - L_distill = mean KL over the kept tokens of the whole batch: `train_step`'s
   `distill_norm="kept-tokens"`, exact under micro-batching and data sharding. [C-choice:
   normalisation; the alternative "distill-tokens" divides by all distillation tokens]
