@@ -508,6 +508,11 @@ def test_end_to_end_tiny_run(tmp_path, task_set, tokenizer):
     for key in ("cripo/frac_samples_with_uc", "cripo/frac_samples_with_sc", "kept_frac"):
       assert 0 <= r[key] <= 1, key
     assert r["cripo/sc_per_sample"] >= 0 and 0 <= r["flip_frac"] <= 1
+    # The fractions are the counts over their own denominators (injection / counterfactual rows).
+    assert 0 <= r["kept_tokens"] <= r["distill_tokens"] and 0 <= r["flipped_tokens"] <= r["cf_tokens"]
+    assert r["kept_frac"] == pytest.approx(r["kept_tokens"] / max(r["distill_tokens"], 1))
+    assert r["flip_frac"] == pytest.approx(r["flipped_tokens"] / max(r["cf_tokens"], 1))
+    assert (r["cf_tokens"] > 0) == (r["cripo/counterfactual_rows"] > 0)
     assert np.isfinite(r["loss"]) and r["judge/answers"] == 8
     # One injection row per group with UC (unless y* is an empty answer).
     with_uc = round(r["cripo/frac_samples_with_uc"] * 2)
