@@ -114,14 +114,19 @@ def test_sc_both_branches_tie_rule_and_positive_weights_only():
       [False, False, False, True, False, True]]
 
 
-def test_sc_zero_sum_uses_a_tolerance():
-  # In float32, 0.1 + 0.2 − 0.3 sums to −7.45e-9, not 0: with the tolerance it is a tie with
-  # |S| = 3 >= G/2 = 2 (not SC); compared exactly it would be "negative" (SC).
-  advantages = np.array([[0.1, 0.2, -0.3, 0.0]], np.float32)
-  assert advantages[0, :3].astype(np.float64).sum() < 0
-  verdicts = np.array([[[1], [1], [1], [0]]])
-  assert not cripo.suppressed_criteria(verdicts, np.ones((1, 1)), advantages)[0, 0]
-  assert cripo.suppressed_criteria(verdicts, np.ones((1, 1)), advantages, zero_tol=0.0)[0, 0]
+def test_sc_zero_sum_is_decided_exactly():
+  # Replaces the old float32 tolerance test (|Σ A| <= 1e-6 counted as 0): the sums are now exact.
+  # Weights 0.1, 0.2, 0.3, 0.6 (float32, as a task file loads them) read as 1/10, 2/10, 3/10,
+  # 6/10: rollout 0 scores 0.1 + 0.2, rollout 1 0.3, both exactly the group mean 0.3.
+  weights = np.array([[0.1, 0.2, 0.3, 0.6]], np.float32)
+  verdicts = np.array([[[1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 0]]])
+  centred = cripo.exact_centred_rewards(verdicts, weights)
+  assert centred.tolist() == [[0, 0, 12, -12]]             # D = 4 s − Σ s with s = (3, 3, 6, 0)
+  # Criteria 0, 1 (rollout 0) and 2 (rollout 1): Σ A = 0 exactly and |S| = 1 < G/2: SC.
+  assert cripo.suppressed_criteria(verdicts, weights, centred).tolist() == [[True, True, True, False]]
+  advantages, _ = cripo.exact_advantages(verdicts, weights)
+  assert advantages[0, :2].tolist() == [0.0, 0.0]
+  assert not cripo.counterfactual_rollouts(verdicts, [[True, True, True, False]], centred).any()
 
 
 def test_best_rollout_ties_go_to_the_lowest_index():
@@ -321,27 +326,11 @@ def test_diagnostics_by_hand():
       "cripo/frac_samples_with_sc": 0.5,      # groups 0 and 1 of 4
       "cripo/sc_per_sample": 0.75,            # (2 + 1 + 0 + 0) / 4
   }
-  response = np.zeros((3, 10), np.float32)
-  response[:, 2:] = 1                           # 24 response tokens
-  localised = np.zeros_like(response)
-  localised[0, 2:] = 1                          # row 0 is y*: 8 tokens
-  keep = np.zeros_like(response)
-  keep[0, [3, 5, 6]] = 1                        # 3 of 8 kept
-  cf = np.zeros_like(response)
-  cf[1, 2:7] = 1                                # row 1 counterfactual: 5 tokens
-  flip = np.zeros_like(response)
-  flip[1, [2, 4]] = 1                           # 2 of 5 flipped, 2 of 24 response tokens
-  diagnostics = jax.jit(cripo.token_diagnostics)(keep, localised, flip, cf, response)
-  np.testing.assert_allclose(
-      [float(diagnostics[k]) for k in ("cripo/frac_tokens_kept", "cripo/frac_cf_tokens_flipped",
-                                       "cripo/frac_response_tokens_flipped")], [3 / 8, 2 / 5, 2 / 24], rtol=1e-6)
-  empty = cripo.token_diagnostics(keep * 0, localised * 0, flip * 0, cf * 0, response)
-  assert float(empty["cripo/frac_tokens_kept"]) == 0.0 and float(empty["cripo/frac_cf_tokens_flipped"]) == 0.0
 
 
 def test_options_are_validated_before_tracing():
   for bad, key in [({"reward_normalizer": "max"}, "reward_normalizer"), ({"max_uc": -1}, "max_uc"),
-                   ({"sc_zero_tol": -1e-3}, "sc_zero_tol")]:
+                   ({"adv_eps": -1e-3}, "adv_eps")]:
     with pytest.raises(ValueError, match=key):
       cripo.CriPOGroupConfig(**bad)
   zeros = jnp.zeros((1, 4))

@@ -450,6 +450,10 @@ def test_paper_configs_validate_without_the_model(name, beta):
     assert (c.rollout.group_size, c.select.batch_groups, c.select.pool_groups) == (8, 64, 64)
     assert (c.optim.learning_rate, c.train.steps, c.rubric.max_new_tokens) == (1e-6, 200, 4096)
     assert c.step.beta == (beta if preset in ("cripo", "cripo_u") else 0.0)
+    if preset in ("cripo", "cripo_u"):
+      # The paper's normaliser under micro-batching: the kept set comes from the pre-pass.
+      step = config_lib.step_config(c)
+      assert (step.distill_norm, step.micro_batches, step.kept_pre_pass) == ("kept-tokens", 8, True)
     assert c.rollout.engine == "sglang" and c.rubric.judge.backend == "openai"
     assert c.rubric.judge.options.model == "Qwen/Qwen3-32B"
     assert not Path(c.model.source).exists()
@@ -466,6 +470,8 @@ def test_cpu_config_validates():
     c = load_config_file(CONFIGS / "cripo_cpu.py", preset)
     config_lib.validate(c)
     assert c.pipeline == "rubric" and c.model.source == "smollm2-135m-instruct"
+    if preset in ("cripo", "cripo_u"):
+      assert (c.step.distill_norm, c.step.micro_batches) == ("kept-tokens", 1)
 
 
 @pytest.mark.parametrize("edits, message", [
@@ -502,6 +508,11 @@ def test_end_to_end_tiny_run(tmp_path, task_set, tokenizer):
     for key in ("cripo/frac_samples_with_uc", "cripo/frac_samples_with_sc", "kept_frac"):
       assert 0 <= r[key] <= 1, key
     assert r["cripo/sc_per_sample"] >= 0 and 0 <= r["flip_frac"] <= 1
+    # The fractions are the counts over their own denominators (injection / counterfactual rows).
+    assert 0 <= r["kept_tokens"] <= r["distill_tokens"] and 0 <= r["flipped_tokens"] <= r["cf_tokens"]
+    assert r["kept_frac"] == pytest.approx(r["kept_tokens"] / max(r["distill_tokens"], 1))
+    assert r["flip_frac"] == pytest.approx(r["flipped_tokens"] / max(r["cf_tokens"], 1))
+    assert (r["cf_tokens"] > 0) == (r["cripo/counterfactual_rows"] > 0)
     assert np.isfinite(r["loss"]) and r["judge/answers"] == 8
     # One injection row per group with UC (unless y* is an empty answer).
     with_uc = round(r["cripo/frac_samples_with_uc"] * 2)

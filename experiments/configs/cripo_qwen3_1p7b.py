@@ -19,9 +19,10 @@ shrinks everything for a CPU smoke run with the in-process sampler and the offli
   python -m rised_jax.model.tiny runs/tiny_model
   rised-train --config experiments/configs/cripo_qwen3_1p7b.py:cripo,local --workdir runs/smoke
 
-Implementation choice [C-choice: normalisation]: L_distill is normalised by the distillation
-tokens of the batch ("distill-tokens") because 512 rows of up to ~9k tokens (teacher prefixes
-hold the answer) need micro-batching, and "kept-tokens" is exact only without it.
+Implementation choice [C-choice: normalisation]: L_distill is the mean KL over the kept tokens
+of the whole batch ("kept-tokens", the preset's setting). 512 rows of up to ~9k tokens (teacher
+prefixes hold the answer) need micro-batching (8 here), so the step fixes the kept set and its
+global count in a stop-gradient pre-pass (one extra student + teacher forward per step).
 Hardware: one node of 8 80-GB GPUs for the trainer (FSDP over all of them) plus the two servers'
 GPUs. Expected time: not measured here (no GPU node); the paper reports 11–28 % more time per
 step than GRPO.
@@ -61,7 +62,6 @@ def paper_config(arg: str | None, *, model: str, beta: float):
   c.train.checkpoint_every = 10
   c.mesh.fsdp = -1
   c = config_lib.apply_preset(c)
-  c.step.distill_norm = "distill-tokens"
   if "local" in flags:
     c.model.source = "runs/tiny_model"
     c.model.dtype = "float32"

@@ -7,34 +7,47 @@ Two levels, one per place in the pipeline:
   rollout y*, the rollouts that get a counterfactual teacher, and the per-sample diagnostics. These
   decide which teacher contexts are built, so they run before batch assembly.
 - Token level (JAX, jit-able, vectorised over rows; arrays shaped [B, T]): the localisation mask of
-  the criterion-injection distillation, the counterfactual flip of per-token advantages, the β
-  warm-up and the token diagnostics. `learn.train_step` calls them on the per-token quantities of
-  its chunked scan.
+  the criterion-injection distillation, the counterfactual flip of per-token advantages and the
+  β warm-up. `learn.train_step` calls them on the per-token quantities of its chunked scan and
+  counts the token diagnostics over the whole batch (`kept_frac`: kept tokens / the injection
+  rows' distillation tokens; `flip_frac`: flipped tokens / the counterfactual rows' response
+  tokens).
 
 Definitions stated by the paper, and this implementation's choices ([C-choice], named options):
 
 - Reward R_i = Σ_j ω_j r_ij / Z. Z = Σ_j ω_j as in the paper (`normalizer="sum"`; pitfalls with
   ω_j < 0 lower Z, and Z <= 0 is an error), or Σ_j |ω_j| ("abs"), or Σ_{ω_j>0} ω_j ("positive",
   R = 1 when every positive criterion is met and no pitfall). [C-choice: the alternatives]
-- GRPO advantage A_i = (R_i − mean R) / (std R + eps) from `learn.advantages.grpo` (population
-  std; a group whose rewards are all equal gets A ≡ 0 exactly, so no rounding residue can make a
-  rollout "negative" and trigger the SC branch).
+- GRPO advantage A_i = (R_i − mean R) / (std R + eps), population std, as
+  `learn.advantages.grpo`, but computed from the exact centred rewards below (float64, then
+  float32): a rollout at the group mean gets A = 0 exactly, and a flat group A ≡ 0.
+- Exactness of the sign decisions. SC, y* and the counterfactual rollouts depend only on signs
+  and ties of sums of A_i. Since A_i is (R_i − mean R) times a positive per-group factor, they
+  are decided on D_i = G·s_i − Σ_k s_k with s_i = Σ_j W_j r_ij and W_j = L·ω_j the weights
+  scaled to integers (L: the common denominator of the weights, each read as the shortest
+  decimal that round-trips in its dtype, i.e. what the task file wrote, so 0.1 + 0.2 = 0.3).
+  D_i = G·L·Z·(R_i − mean R) is a Python integer: no rounding, no tolerance. (Dividing
+  float32 sums by std R amplifies rounding to ~1e-5; an absolute tolerance of 1e-6 on float32
+  advantages mislabelled SC in 6–9 % of simulated RaR-like groups.)
 - UC: C_u = {j : r_ij = 0 ∀ i}; if |C_u| > 3 keep the 3 largest ω_j, ties broken by the lower
   criterion index (rubric order). Pitfalls (ω_j < 0) are excluded by default: a pitfall nobody
   committed is a success, and a teacher told to "satisfy" it would teach the pitfall
   (`include_pitfalls=True` admits them; they then rank last by weight). [C-choice]
 - SC (ω_j > 0 only): S_j = {i : r_ij = 1} non-empty and (Σ_{i∈S_j} A_i < 0, or Σ_{i∈S_j} A_i = 0
-  and |S_j| < G/2). Float equality: "= 0" means |Σ A| <= zero_tol and "< 0" means Σ A < −zero_tol
-  (default 1e-6; advantages are O(1)). |S_j| < G/2 is tested exactly as 2|S_j| < G.
-- y* = argmax_i A_i; ties go to the lowest rollout index (the earliest sampled).
-- Counterfactual rollouts: A_i < 0 and r_ij = 1 for at least one SC criterion j.
+  and |S_j| < G/2), decided exactly on Σ_{i∈S_j} D_i; |S_j| < G/2 is tested as 2|S_j| < G.
+- y* = argmax_i A_i (exactly: argmax D_i); ties go to the lowest rollout index (the earliest
+  sampled).
+- Counterfactual rollouts: A_i < 0 (D_i < 0) and r_ij = 1 for at least one SC criterion j.
 - Localisation (per row): KL clamped to [0, kl_clamp]; among the row's response tokens (in order),
   the first and last e = floor(edge_fraction · n) are masked (n response tokens; e may be 0); the
   remaining tokens are sorted by clamped KL, descending, ties by position (earlier first); keep
   the shortest prefix whose KL sum reaches γ · (total KL of the unmasked tokens). A row whose total
-  is 0 keeps nothing. Tokens with KL 0 are never needed, so never kept.
-- L_distill = mean KL over the kept tokens: `train_step`'s `distill_norm="kept-tokens"`.
-  [C-choice: normalisation]
+  is 0 keeps nothing. Tokens with KL 0 are never needed, so never kept. The loss uses the same
+  clamp, min(KL, kl_clamp), so a token above it has no gradient; `StepConfig.clamp_loss=False`
+  keeps the clamp for the ranking only. [C-choice]
+- L_distill = mean KL over the kept tokens of the whole batch: `train_step`'s
+  `distill_norm="kept-tokens"`, exact under micro-batching and data sharding. [C-choice:
+  normalisation; the alternative "distill-tokens" divides by all distillation tokens]
 - Flip: on rows with a counterfactual teacher, token t flips when A_t < 0,
   log p_S(y_t) − log p_T(y_t) > 0 and p_T(y_t) < α · max_v p_T(v) (both strict); flipped tokens get
   A_t = τ_flip = +0.1.
@@ -45,13 +58,12 @@ from __future__ import annotations
 
 import dataclasses
 import fractions
+import math
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from rised_jax.learn import advantages as advantages_lib
 
 REWARD_NORMALIZERS = ("sum", "abs", "positive")
 PAPER_BETA = {"qwen3-1.7b": 0.05, "qwen3-4b": 0.03}
@@ -69,7 +81,6 @@ class CriPOGroupConfig:
   adv_eps: float = 1e-6
   max_uc: int = 3
   uc_include_pitfalls: bool = False
-  sc_zero_tol: float = 1e-6
 
   def __post_init__(self):
     if self.reward_normalizer not in REWARD_NORMALIZERS:
@@ -77,9 +88,8 @@ class CriPOGroupConfig:
                        f"{REWARD_NORMALIZERS}")
     if isinstance(self.max_uc, bool) or not isinstance(self.max_uc, int) or self.max_uc < 0:
       raise ValueError(f"cripo.max_uc={self.max_uc!r}; expected an integer >= 0")
-    for name in ("adv_eps", "sc_zero_tol"):
-      if not getattr(self, name) >= 0:
-        raise ValueError(f"cripo.{name}={getattr(self, name)!r}; expected a number >= 0")
+    if not self.adv_eps >= 0:
+      raise ValueError(f"cripo.adv_eps={self.adv_eps!r}; expected a number >= 0")
 
 
 def _check_static_range(name: str, value: object, low: float, high: float) -> None:
@@ -143,24 +153,87 @@ def _validated(verdicts, weights, criterion_mask):
   return verdicts, np.where(mask, weights, 0.0), mask
 
 
+def _denominators(weights: np.ndarray, normalizer: str) -> np.ndarray:
+  """Z per group for `normalizer`, from weights [groups, C] (float or exact integers)."""
+  if normalizer == "sum":
+    return weights.sum(-1)
+  if normalizer == "abs":
+    return np.abs(weights).sum(-1)
+  if normalizer == "positive":
+    return np.where(weights > 0, weights, 0 * weights).sum(-1)
+  raise ValueError(f"normalizer={normalizer!r}; expected one of {REWARD_NORMALIZERS}")
+
+
+def _check_denominators(denominator: np.ndarray, weights: np.ndarray, normalizer: str) -> None:
+  bad = np.flatnonzero(denominator <= 0)
+  if bad.size:
+    g = int(bad[0])
+    raise ValueError(f"group {g}: reward normaliser {normalizer!r} gives {float(denominator[g]):g} <= 0 for "
+                     f"weights {weights[g].tolist()}; use normalizer 'positive' or 'abs' for such rubrics")
+
+
 def weighted_rewards(verdicts: np.ndarray, weights: np.ndarray, criterion_mask: np.ndarray | None = None,
                      normalizer: str = "sum") -> np.ndarray:
   """R_i = Σ_j ω_j r_ij / Z per rollout, float32 [groups, G] (Z: see the module docstring)."""
   verdicts, weights, _ = _validated(verdicts, weights, criterion_mask)
-  if normalizer == "sum":
-    denominator = weights.sum(-1)
-  elif normalizer == "abs":
-    denominator = np.abs(weights).sum(-1)
-  elif normalizer == "positive":
-    denominator = np.clip(weights, 0.0, None).sum(-1)
-  else:
-    raise ValueError(f"normalizer={normalizer!r}; expected one of {REWARD_NORMALIZERS}")
-  bad = np.flatnonzero(denominator <= 0)
-  if bad.size:
-    g = int(bad[0])
-    raise ValueError(f"group {g}: reward normaliser {normalizer!r} gives {denominator[g]:g} <= 0 for weights "
-                     f"{weights[g].tolist()}; use normalizer 'positive' or 'abs' for such rubrics")
+  denominator = _denominators(weights, normalizer)
+  _check_denominators(denominator, weights, normalizer)
   return (np.einsum("gic,gc->gi", verdicts, weights) / denominator[:, None]).astype(np.float32)
+
+
+def _integer_weights(weights: np.ndarray) -> np.ndarray:
+  """W = L·ω as Python ints, object [groups, C]; L per group (see the module docstring).
+
+  Each weight is read as the shortest decimal that round-trips in the array's own dtype (so a
+  float32 0.1 is 1/10, not 13421773/134217728).
+  """
+  weights = np.asarray(weights)
+  as_fractions = [[fractions.Fraction(np.format_float_positional(w, unique=True, trim="-"))
+                   for w in row] for row in weights]
+  out = np.empty(weights.shape, object)
+  for g, row in enumerate(as_fractions):
+    scale = math.lcm(*(f.denominator for f in row)) if row else 1
+    out[g] = [int(f * scale) for f in row]
+  return out
+
+
+def _exact_scores(verdicts, weights, criterion_mask) -> tuple[np.ndarray, np.ndarray]:
+  """(D object [groups, G], integer weights W object [groups, C]); see `exact_centred_rewards`."""
+  verdicts_f, _, mask = _validated(verdicts, weights, criterion_mask)
+  integer_weights = _integer_weights(np.where(mask, np.asarray(weights), 0))
+  met = verdicts_f.astype(np.int64).astype(object)
+  scores = np.einsum("gic,gc->gi", met, integer_weights)          # s_i, exact
+  return verdicts_f.shape[1] * scores - scores.sum(-1, keepdims=True), integer_weights
+
+
+def exact_centred_rewards(verdicts: np.ndarray, weights: np.ndarray,
+                          criterion_mask: np.ndarray | None = None) -> np.ndarray:
+  """D_i = G·s_i − Σ_k s_k with s_i = Σ_j W_j r_ij: Python ints, object [groups, G].
+
+  D_i = G·L·Z·(R_i − mean R) for every normaliser Z > 0, so D has the signs, zeros and order
+  of A_i and of every sum of A_i over a set of rollouts, exactly (module docstring).
+  """
+  return _exact_scores(verdicts, weights, criterion_mask)[0]
+
+
+def exact_advantages(verdicts: np.ndarray, weights: np.ndarray, criterion_mask: np.ndarray | None = None,
+                     normalizer: str = "sum", eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
+  """(GRPO advantages float32 [groups, G], exact centred rewards D object [groups, G]).
+
+  A_i = (R_i − mean R) / (std R + eps) (population std), with R_i − mean R = D_i / (G·L·Z)
+  formed as an exact fraction and rounded once to float64: A_i = 0 exactly where D_i = 0
+  and has the sign of D_i elsewhere.
+  """
+  if not eps >= 0:
+    raise ValueError(f"eps={eps!r}; expected a number >= 0")
+  centred, integer_weights = _exact_scores(verdicts, weights, criterion_mask)
+  scale = _denominators(integer_weights, normalizer)           # L·Z per group, exact
+  _check_denominators(scale, np.asarray(weights, np.float64), normalizer)
+  group_size = centred.shape[1]
+  deviation = np.array([[float(fractions.Fraction(d, group_size * z)) for d in row]
+                        for row, z in zip(centred, scale)], np.float64).reshape(centred.shape)
+  std = np.sqrt((deviation ** 2).mean(-1, keepdims=True))
+  return (deviation / (std + eps)).astype(np.float32), centred
 
 
 def unexplored_criteria(verdicts: np.ndarray, weights: np.ndarray, criterion_mask: np.ndarray | None = None,
@@ -180,34 +253,40 @@ def unexplored_criteria(verdicts: np.ndarray, weights: np.ndarray, criterion_mas
   return candidates & (rank < max_uc)
 
 
-def suppressed_criteria(verdicts: np.ndarray, weights: np.ndarray, advantages: np.ndarray,
-                        criterion_mask: np.ndarray | None = None, zero_tol: float = 1e-6) -> np.ndarray:
-  """SC mask, bool [groups, C] (rule and float tolerance in the module docstring)."""
+def suppressed_criteria(verdicts: np.ndarray, weights: np.ndarray, centred: np.ndarray,
+                        criterion_mask: np.ndarray | None = None) -> np.ndarray:
+  """SC mask, bool [groups, C] (rule in the module docstring).
+
+  Args:
+    centred: [groups, G], any positive per-group multiple of A_i, compared exactly: pass
+      `exact_centred_rewards` (Python ints), not float advantages.
+  """
   verdicts, weights, mask = _validated(verdicts, weights, criterion_mask)
-  advantages = np.asarray(advantages, np.float64)
-  if advantages.shape != verdicts.shape[:2]:
-    raise ValueError(f"advantages {advantages.shape} must be [groups, G] = {verdicts.shape[:2]}")
+  centred = np.asarray(centred)
+  if centred.shape != verdicts.shape[:2]:
+    raise ValueError(f"centred rewards {centred.shape} must be [groups, G] = {verdicts.shape[:2]}")
   group_size = verdicts.shape[1]
-  satisfied = verdicts.sum(1)                                  # |S_j|
-  advantage_sum = np.einsum("gic,gi->gc", verdicts, advantages)  # Σ_{i∈S_j} A_i
-  negative = advantage_sum < -zero_tol
-  tie_minority = (np.abs(advantage_sum) <= zero_tol) & (2 * satisfied < group_size)
+  met = verdicts.astype(np.int64)
+  satisfied = met.sum(1)                                       # |S_j|
+  subset_sum = np.einsum("gic,gi->gc", met.astype(object), centred.astype(object))  # Σ_{i∈S_j} D_i
+  negative = (subset_sum < 0).astype(bool)
+  tie_minority = (subset_sum == 0).astype(bool) & (2 * satisfied < group_size)
   return mask & (weights > 0) & (satisfied > 0) & (negative | tie_minority)
 
 
-def best_rollout(advantages: np.ndarray) -> np.ndarray:
-  """y*: index of the highest-advantage rollout per group, int [groups]; ties: lowest index."""
-  advantages = np.asarray(advantages)
-  if advantages.ndim != 2:
-    raise ValueError(f"advantages must be [groups, G]; got {advantages.shape}")
-  return np.argmax(advantages, axis=-1)
+def best_rollout(centred: np.ndarray) -> np.ndarray:
+  """y*: index of the highest A_i per group (pass the exact D_i), int [groups]; ties: lowest index."""
+  centred = np.asarray(centred)
+  if centred.ndim != 2:
+    raise ValueError(f"advantages must be [groups, G]; got {centred.shape}")
+  return np.argmax(centred, axis=-1)     # the first maximum
 
 
-def counterfactual_rollouts(verdicts: np.ndarray, sc_mask: np.ndarray, advantages: np.ndarray) -> np.ndarray:
-  """Rollouts that get a counterfactual teacher, bool [groups, G]: A_i < 0 and ≥ 1 SC met."""
+def counterfactual_rollouts(verdicts: np.ndarray, sc_mask: np.ndarray, centred: np.ndarray) -> np.ndarray:
+  """Rollouts that get a counterfactual teacher, bool [groups, G]: A_i < 0 (D_i < 0) and ≥ 1 SC met."""
   verdicts = np.asarray(verdicts) > 0
   meets_sc = (verdicts & np.asarray(sc_mask, bool)[:, None, :]).any(-1)
-  return meets_sc & (np.asarray(advantages) < 0)
+  return meets_sc & (np.asarray(centred) < 0).astype(bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,7 +294,8 @@ class GroupAnalysis:
   """Everything CriPO decides per group before the batch is assembled."""
 
   rewards: np.ndarray          # [groups, G] R_i
-  advantages: np.ndarray       # [groups, G] A_i
+  advantages: np.ndarray       # [groups, G] A_i, float32
+  centred: np.ndarray          # [groups, G] exact D_i (Python ints), the sign of A_i
   uc_mask: np.ndarray          # [groups, C] criteria for the injection teacher
   sc_mask: np.ndarray          # [groups, C]
   best: np.ndarray             # [groups] y* index (its teacher applies only where uc_mask.any())
@@ -227,12 +307,13 @@ def analyse_groups(verdicts: np.ndarray, weights: np.ndarray, criterion_mask: np
                    config: CriPOGroupConfig) -> GroupAnalysis:
   """Runs the group-level definitions in order: reward, advantage, UC, SC, y*, SC targets."""
   rewards = weighted_rewards(verdicts, weights, criterion_mask, config.reward_normalizer)
-  advantages = np.asarray(advantages_lib.grpo(rewards, eps=config.adv_eps))
+  advantages, centred = exact_advantages(verdicts, weights, criterion_mask, config.reward_normalizer,
+                                         config.adv_eps)
   uc = unexplored_criteria(verdicts, weights, criterion_mask, config.max_uc, config.uc_include_pitfalls)
-  sc = suppressed_criteria(verdicts, weights, advantages, criterion_mask, config.sc_zero_tol)
-  cf = counterfactual_rollouts(verdicts, sc, advantages)
+  sc = suppressed_criteria(verdicts, weights, centred, criterion_mask)
+  cf = counterfactual_rollouts(verdicts, sc, centred)
   cf_criteria = (np.asarray(verdicts) > 0) & sc[:, None, :] & cf[:, :, None]
-  return GroupAnalysis(rewards, advantages, uc, sc, best_rollout(advantages), cf, cf_criteria)
+  return GroupAnalysis(rewards, advantages, centred, uc, sc, best_rollout(centred), cf, cf_criteria)
 
 
 def group_diagnostics(uc_mask: np.ndarray, sc_mask: np.ndarray) -> dict[str, float]:
@@ -316,21 +397,3 @@ def beta_schedule(step: jax.typing.ArrayLike, beta: float, warmup_steps: int = 5
   ramp = (jnp.asarray(step, jnp.float32) + 1.0) / warmup_steps
   return jnp.asarray(beta, jnp.float32) * jnp.clip(ramp, 0.0, 1.0)
 
-
-def token_diagnostics(keep_mask: jnp.ndarray, localised_response_mask: jnp.ndarray, flip_mask: jnp.ndarray,
-                      cf_mask: jnp.ndarray, response_mask: jnp.ndarray) -> dict[str, jnp.ndarray]:
-  """Token fractions (0 when the denominator is empty), all inputs [B, T].
-
-  kept: kept tokens / response tokens of the distilled rows (localised_response_mask);
-  flipped: flipped tokens / tokens of the counterfactual rows (cf_mask), and / all response tokens.
-  """
-  def fraction(numerator, denominator):
-    numerator = jnp.sum(numerator > 0).astype(jnp.float32)
-    denominator = jnp.sum(denominator > 0).astype(jnp.float32)
-    return jnp.where(denominator > 0, numerator / jnp.maximum(denominator, 1.0), 0.0)
-
-  return {
-      "cripo/frac_tokens_kept": fraction(keep_mask, localised_response_mask),
-      "cripo/frac_cf_tokens_flipped": fraction(flip_mask, cf_mask),
-      "cripo/frac_response_tokens_flipped": fraction(flip_mask, response_mask),
-  }

@@ -14,7 +14,9 @@ edited by CriPO's counterfactual teacher, a second stop-gradient forward), the d
 loss on `distill_mask` (optionally localised, CriPO's UC branch), and the optional
 reference-KL penalty. Every part is a (sum, denominator) pair; denominators are computed over
 the whole batch first, so accumulation over micro-batches and data-parallel shards gives the
-exact global mean (`micro_batches` only trades memory for time).
+exact global mean (`micro_batches` only trades memory for time). The one denominator that
+depends on the forward pass, CriPO's kept-token count, comes from a stop-gradient pre-pass
+when the batch is micro-batched (`kept_token_mask`).
 
 The batch contract is in rised_jax/types.py. Optional keys switch optional parts on, and the
 StepConfig flags say which keys the step expects, so a missing key is an error before compile.
@@ -86,6 +88,9 @@ class StepConfig:
   divergence: str = "forward-kl"
   topk: int | None = None
   clamp: float | None = None
+  # True: the loss uses min(d, clamp), so a token above the clamp has no gradient (verl's
+  # convention); False (needs localize): the clamp only ranks tokens for the localisation.
+  clamp_loss: bool = True
   # CriPO (§3): localised distillation and the counterfactual advantage flip
   localize: bool = False
   localize_gamma: float = 0.95
@@ -107,15 +112,16 @@ class StepConfig:
       raise ValueError(f"teacher {self.teacher!r}: expected one of {TEACHERS}")
     if self.distill_norm not in DISTILL_NORMS:
       raise ValueError(f"distill_norm {self.distill_norm!r}: expected one of {DISTILL_NORMS}")
-    if self.distill_norm == "kept-tokens" and self.micro_batches > 1:
-      raise ValueError("distill_norm='kept-tokens' depends on the forward pass, so it is exact "
-                       "only with micro_batches=1; use 'distill-tokens' to micro-batch")
     if self.beta < 0 or self.ref_kl_coef < 0:
       raise ValueError(f"beta ({self.beta}) and ref_kl_coef ({self.ref_kl_coef}) must be >= 0")
     if self.micro_batches < 1 or self.chunk < 1:
       raise ValueError(f"micro_batches ({self.micro_batches}) and chunk ({self.chunk}) must be >= 1")
     if self.localize and not self.distills:
       raise ValueError("localize=True needs a distillation weight beta > 0")
+    if not self.clamp_loss and not (self.localize and self.clamp is not None):
+      raise ValueError("clamp_loss=False keeps the clamp for the localisation ranking only, so it "
+                       f"needs localize=True and a clamp; got localize={self.localize}, "
+                       f"clamp={self.clamp}")
     if self.ref_kl_estimator not in losses.KL_ESTIMATORS:
       raise ValueError(f"ref_kl_estimator {self.ref_kl_estimator!r}: expected one of "
                        f"{sorted(losses.KL_ESTIMATORS)}")
@@ -123,6 +129,11 @@ class StepConfig:
   @property
   def distills(self) -> bool:
     return self.beta > 0
+
+  @property
+  def kept_pre_pass(self) -> bool:
+    """Whether the kept set and its count come from a pre-pass (see `kept_token_mask`)."""
+    return self.localize and self.distill_norm == "kept-tokens" and self.micro_batches > 1
 
   @property
   def needs_teacher_params(self) -> bool:
@@ -212,14 +223,69 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
 
 
 def _distill_denominator(config: StepConfig, distill_mask: Array) -> Array:
-  """The normaliser of L_distill that can be known before the forward pass.
+  """The normaliser of L_distill when it is known before the forward pass.
 
-  "distill-tokens" (default): the number of tokens in `distill_mask`, so L_distill is the mean
-  divergence over every distillation token, with localisation zeroing the tokens it drops
-  (exact under micro-batching). "kept-tokens" (the literal "mean KL over the kept tokens"):
-  the denominator is counted in the forward pass instead (see `_micro_loss`).
+  "distill-tokens": the number of tokens in `distill_mask`, so L_distill is the mean divergence
+  over every distillation token, localisation zeroing the tokens it drops. "kept-tokens" (the
+  paper's "mean KL over the kept tokens"): without localisation the kept tokens are the
+  distillation tokens; with it, the count of the kept set, which `make_step_fn` takes from
+  `kept_token_mask` under micro-batching and `_micro_loss` counts in its pass otherwise.
   """
   return distill_mask.astype(jnp.float32).sum()
+
+
+def _teacher_model(params, teacher_params, graphdef, rest) -> nnx.Module:
+  """The stop-gradient teacher: the live parameters, or the EMA / frozen ones."""
+  frozen = params if teacher_params is None else teacher_params
+  return nnx.merge(graphdef, jax.lax.stop_gradient(frozen), rest)
+
+
+def _distill_token_stats(model, teacher_model, config: StepConfig, mb: Mapping[str, Array]):
+  """Chunked student / injection-teacher token statistics of one micro-batch."""
+  student_hidden = model.hidden_states(mb["input_ids"], mb["attention_mask"])
+  teacher_hidden = None
+  if config.distills:
+    teacher_hidden = teacher_model.hidden_states(mb["teacher_input_ids"],
+                                                 mb["teacher_attention_mask"])
+  return chunked.token_stats_chunked(
+      student_hidden, teacher_hidden, model.logits, mb["input_ids"], chunk=config.chunk,
+      divergence=config.divergence, topk=config.topk,
+      clamp=config.clamp if config.clamp_loss else None,
+      teacher_logits_fn=None if teacher_model is None else teacher_model.logits)
+
+
+def _localised(config: StepConfig, divergence: Array, distill_mask: Array) -> Array:
+  """CriPO's kept tokens (float 0/1 [B, T]) from the per-token divergence."""
+  return cripo.localisation_mask(
+      jax.lax.stop_gradient(divergence), distill_mask, gamma=config.localize_gamma,
+      kl_clamp=config.clamp if config.clamp is not None else float("inf"),
+      edge_fraction=config.localize_edge_frac).astype(jnp.float32)
+
+
+def kept_token_mask(params, rest, teacher_params, graphdef, config: StepConfig,
+                    batch: Mapping[str, Array]) -> Array:
+  """The localisation's kept tokens of the whole batch, float 0/1 [B, T], under stop-gradient.
+
+  The kept set depends on the current student's and teacher's distributions, so the paper's
+  normaliser (the number of kept tokens of the batch) is known only after a forward pass. Under
+  micro-batching this pre-pass runs the student and teacher forwards once, micro-batch by
+  micro-batch, without gradients, before the accumulation scan; the scan then uses this mask
+  and its global count. Cost: one extra student and teacher forward per step (measured in the
+  README's CriPO section); paid only when `config.kept_pre_pass`.
+  """
+  frozen = jax.lax.stop_gradient(params)
+
+  def one(mb):
+    model = nnx.merge(graphdef, frozen, rest)
+    teacher = _teacher_model(frozen, teacher_params, graphdef, rest)
+    stats = _distill_token_stats(model, teacher, config, mb)
+    return _localised(config, stats.divergence, mb["distill_mask"].astype(jnp.float32))
+
+  keys = ("input_ids", "attention_mask", "teacher_input_ids", "teacher_attention_mask",
+          "distill_mask")
+  micro = _split_micro({k: batch[k] for k in keys}, config.micro_batches)
+  kept = jax.lax.map(one, micro)                               # [M, B/M, T]
+  return _merge_micro(kept)
 
 
 def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig, mb: Mapping[str, Array],
@@ -227,21 +293,10 @@ def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig, mb: 
   """Loss of one micro-batch, already divided by the global denominators, plus metric sums."""
   model = nnx.merge(graphdef, params, rest)
   loss_mask = mb["loss_mask"].astype(jnp.float32)
-  student_hidden = model.hidden_states(mb["input_ids"], mb["attention_mask"])
-
   teacher_model = None
   if config.distills or config.counterfactual:
-    frozen = params if teacher_params is None else teacher_params
-    teacher_model = nnx.merge(graphdef, jax.lax.stop_gradient(frozen), rest)
-
-  teacher_hidden = None
-  if config.distills:
-    teacher_hidden = teacher_model.hidden_states(mb["teacher_input_ids"],
-                                                 mb["teacher_attention_mask"])
-  stats = chunked.token_stats_chunked(
-      student_hidden, teacher_hidden, model.logits, mb["input_ids"], chunk=config.chunk,
-      divergence=config.divergence, topk=config.topk, clamp=config.clamp,
-      teacher_logits_fn=None if teacher_model is None else teacher_model.logits)
+    teacher_model = _teacher_model(params, teacher_params, graphdef, rest)
+  stats = _distill_token_stats(model, teacher_model, config, mb)
 
   advantages = mb["advantages"].astype(jnp.float32)
   metrics: dict[str, Array] = {}
@@ -277,14 +332,14 @@ def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig, mb: 
 
   if config.distills:
     distill_mask = mb["distill_mask"].astype(jnp.float32)
-    if config.localize:
-      distill_mask = cripo.localisation_mask(
-          jax.lax.stop_gradient(stats.divergence), distill_mask, gamma=config.localize_gamma,
-          kl_clamp=config.clamp if config.clamp is not None else float("inf"),
-          edge_fraction=config.localize_edge_frac).astype(jnp.float32)
+    if config.kept_pre_pass:
+      distill_mask = mb["kept_mask"]
+    elif config.localize:
+      distill_mask = _localised(config, stats.divergence, distill_mask)
     distill_sum = (stats.divergence * distill_mask).sum()
-    distill_den = (distill_mask.sum() if config.distill_norm == "kept-tokens"
-                   else denominators["distill"])
+    # One micro-batch and the whole batch in this pass: its kept count is the global one.
+    distill_den = (distill_mask.sum() if config.localize and config.distill_norm == "kept-tokens"
+                   and not config.kept_pre_pass else denominators["distill"])
     loss = loss + beta * distill_sum / jnp.maximum(distill_den, 1e-9)
     metrics.update(distill_loss=distill_sum, kept_tokens=distill_mask.sum())
 
@@ -310,6 +365,11 @@ def _split_micro(batch: Mapping[str, Array], micro_batches: int) -> dict[str, Ar
   return {k: one(v) for k, v in batch.items()}
 
 
+def _merge_micro(x: Array) -> Array:
+  """The inverse of `_split_micro` for one array: [M, B/M, ...] → [B, ...]."""
+  return jnp.swapaxes(x, 0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
 def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
                  config: StepConfig) -> Callable[[TrainState, Mapping[str, Array]],
                                                  tuple[TrainState, dict[str, Array]]]:
@@ -323,6 +383,10 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
     denominators = {"pg": pg_den}
     if config.distills:
       denominators["distill"] = _distill_denominator(config, batch["distill_mask"])
+    if config.kept_pre_pass:
+      kept = kept_token_mask(state.params, rest, state.teacher_params, graphdef, config, batch)
+      batch = {**batch, "kept_mask": kept}
+      denominators["distill"] = kept.sum()
 
     grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
 
@@ -371,13 +435,19 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
         "sequences": (loss_mask.sum(-1) > 0).sum().astype(jnp.float32),
     }
     if config.distills:
-      distill_tokens = denominators["distill"]
+      # kept_frac: kept tokens over the injection rows' distillation tokens.
+      distill_tokens = (batch["distill_mask"] > 0).sum().astype(jnp.float32)
       metrics["distill_loss"] = losses.mean_from_parts(metric_sums["distill_loss"],
                                                        metric_sums["kept_tokens"])
       metrics["distill_tokens"] = distill_tokens
+      metrics["kept_tokens"] = metric_sums["kept_tokens"]
       metrics["kept_frac"] = losses.mean_from_parts(metric_sums["kept_tokens"], distill_tokens)
     if config.counterfactual:
-      metrics["flip_frac"] = per_token(metric_sums["flipped_tokens"])
+      # flip_frac: flipped tokens over the counterfactual rows' response (loss) tokens.
+      cf_tokens = (batch["cf_mask"] * loss_mask > 0).sum().astype(jnp.float32)
+      metrics["cf_tokens"] = cf_tokens
+      metrics["flipped_tokens"] = metric_sums["flipped_tokens"]
+      metrics["flip_frac"] = losses.mean_from_parts(metric_sums["flipped_tokens"], cf_tokens)
     if config.ref_kl_coef > 0:
       metrics["ref_kl"] = losses.mean_from_parts(metric_sums["ref_kl"], pg_den)
 

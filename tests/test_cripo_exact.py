@@ -1,0 +1,149 @@
+"""CriPO's group-level decisions (SC, y*, counterfactual targets, advantages) against an exact oracle.
+
+The oracle below is written from the paper's definitions with `fractions.Fraction` and shares no
+code with `learn.cripo`: rewards are exact rationals, the mean and the signs of Σ_{i∈S_j} A_i are
+decided on R_i − mean R (A_i is that times 1 / (std + eps) > 0).
+"""
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from rised_jax.learn import cripo
+
+GROUPS = 12_000
+
+
+def oracle(verdicts, weight_texts, normalizer):
+  """SC, y*, counterfactual rollouts, their SC criteria and float advantages of one group.
+
+  verdicts: [G][C] of 0/1; weight_texts: the weights as the decimal strings a task file holds.
+  """
+  weights = [Fraction(w) for w in weight_texts]
+  if normalizer == "sum":
+    z = sum(weights)
+  elif normalizer == "abs":
+    z = sum(abs(w) for w in weights)
+  else:
+    z = sum(w for w in weights if w > 0)
+  rewards = [sum(w * r for w, r in zip(weights, row)) / z for row in verdicts]
+  g = len(rewards)
+  mean = sum(rewards) / g
+  centred = [r - mean for r in rewards]
+  sc = []
+  for j, w in enumerate(weights):
+    members = [i for i in range(g) if verdicts[i][j] == 1]
+    total = sum(centred[i] for i in members)
+    sc.append(w > 0 and bool(members) and (total < 0 or (total == 0 and 2 * len(members) < g)))
+  best = max(range(g), key=lambda i: (rewards[i], -i))
+  cf = [centred[i] < 0 and any(sc[j] and verdicts[i][j] for j in range(len(weights)))
+        for i in range(g)]
+  cf_criteria = [[cf[i] and sc[j] and verdicts[i][j] == 1 for j in range(len(weights))]
+                 for i in range(g)]
+  variance = sum(c * c for c in centred) / g
+  advantages = [float(c) / (float(variance) ** 0.5 + 1e-6) for c in centred]
+  return sc, best, cf, cf_criteria, advantages
+
+
+def random_group(rng):
+  """A RaR-like group: G odd or even, 1–15 criteria, integer, zero, pitfall or decimal weights,
+  verdict rates from rare to common, and duplicated answers (reward ties)."""
+  g = int(rng.choice([2, 3, 4, 5, 6, 7, 8, 9, 16]))
+  c = int(rng.integers(1, 16))
+  kind = rng.random()
+  if kind < 0.5:
+    weights = [str(int(w)) for w in rng.integers(-3, 6, c)]            # pitfalls and zeros
+  elif kind < 0.8:
+    weights = [str(int(w)) for w in rng.integers(1, 6, c)]
+  else:
+    weights = [f"{w:.1f}" for w in rng.integers(-10, 31, c) / 10]      # 0.1 + 0.2 = 0.3 cases
+  rate = rng.uniform(0.05, 0.95)
+  verdicts = (rng.random((g, c)) < rate).astype(int)
+  for i in range(1, g):                                                  # ties between answers
+    if rng.random() < 0.25:
+      verdicts[i] = verdicts[rng.integers(0, i)]
+  if rng.random() < 0.1:
+    verdicts[:, rng.integers(0, c)] = 1                                  # met by everyone
+  return verdicts, weights
+
+
+def normalizer_for(weight_texts):
+  total = sum(Fraction(w) for w in weight_texts)
+  if total > 0:
+    return "sum"
+  return "positive" if any(Fraction(w) > 0 for w in weight_texts) else None
+
+
+def test_hand_example_from_the_issue():
+  # R = (0.6, 0.6, 0.7); criterion 0 is met by all three rollouts, so Σ A = 0 exactly and
+  # |S| = 3 ≥ G/2: not SC. float32 advantages gave Σ A = −2.6e-6 and SC = {0, 1, 2, 6}.
+  weights = np.array([[4, 4, 2, -3, 5, 4, 4]], np.float32)
+  verdicts = np.array([[[1, 1, 0, 0, 0, 0, 1], [1, 1, 1, 1, 1, 0, 0], [1, 1, 0, 1, 1, 1, 0]]])
+  analysis = cripo.analyse_groups(verdicts, weights, None, cripo.CriPOGroupConfig())
+  assert np.flatnonzero(analysis.sc_mask[0]).tolist() == [2, 6]
+  assert analysis.cf_rollouts.tolist() == [[True, True, False]]
+  assert analysis.best.tolist() == [2]
+
+
+def test_rollout_at_the_mean_is_never_negative():
+  # R = (0.1 + 0.2, 0.3, 0.2, 0.4) with decimal weights: rollout 0 and 1 sit exactly at the mean.
+  weights = np.array([[0.1, 0.2, 0.3, 0.2, 0.2]], np.float32)
+  verdicts = np.array([[[1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 1, 1]]])
+  analysis = cripo.analyse_groups(verdicts, weights, None, cripo.CriPOGroupConfig())
+  assert analysis.advantages[0, 0] == 0.0 and analysis.advantages[0, 1] == 0.0
+  assert not analysis.cf_rollouts[0, :2].any()
+  # Criteria 0, 1 (rollout 0 only) and 2 (rollout 1 only): Σ A = 0 and |S| = 1 < 2: SC by the tie rule.
+  assert analysis.sc_mask[0].tolist() == [True, True, True, False, False]
+
+
+def test_exact_oracle_on_random_groups():
+  rng = np.random.default_rng(20260718)
+  mismatches = {"sc": 0, "best": 0, "cf": 0, "cf_criteria": 0, "advantages": 0}
+  checked = 0
+  while checked < GROUPS:
+    verdicts, weight_texts = random_group(rng)
+    normalizer = normalizer_for(weight_texts)
+    if normalizer is None:
+      continue
+    sc, best, cf, cf_criteria, advantages = oracle(verdicts.tolist(), weight_texts, normalizer)
+    weights = np.array([float(w) for w in weight_texts], np.float32)[None]
+    analysis = cripo.analyse_groups(verdicts[None], weights, None,
+                                    cripo.CriPOGroupConfig(reward_normalizer=normalizer))
+    mismatches["sc"] += analysis.sc_mask[0].tolist() != sc
+    mismatches["best"] += int(analysis.best[0]) != best
+    mismatches["cf"] += analysis.cf_rollouts[0].tolist() != cf
+    mismatches["cf_criteria"] += analysis.cf_criteria[0].tolist() != cf_criteria
+    mismatches["advantages"] += not np.allclose(analysis.advantages[0], advantages, rtol=1e-5,
+                                                atol=1e-6)
+    checked += 1
+  assert mismatches == dict.fromkeys(mismatches, 0), mismatches
+
+
+def test_padded_groups_of_different_sizes_match_the_oracle():
+  rng = np.random.default_rng(7)
+  groups = []
+  while len(groups) < 200:
+    verdicts, weight_texts = random_group(rng)
+    if verdicts.shape[0] == 6 and normalizer_for(weight_texts) == "sum":
+      groups.append((verdicts, weight_texts))
+  verdicts, weights, mask = cripo.pad_criteria(
+      [v for v, _ in groups], [np.array([float(w) for w in t], np.float32) for _, t in groups])
+  analysis = cripo.analyse_groups(verdicts, weights, mask, cripo.CriPOGroupConfig())
+  for k, (v, texts) in enumerate(groups):
+    sc, best, cf, _, _ = oracle(v.tolist(), texts, "sum")
+    assert analysis.sc_mask[k, :len(texts)].tolist() == sc and not analysis.sc_mask[k, len(texts):].any()
+    assert (int(analysis.best[k]), analysis.cf_rollouts[k].tolist()) == (best, cf)
+
+
+@pytest.mark.parametrize("normalizer", ["sum", "abs", "positive"])
+def test_exact_centred_rewards_are_an_integer_multiple_of_the_deviation(normalizer):
+  weights = np.array([[0.5, 1.5, -0.25]], np.float32)
+  verdicts = np.array([[[1, 0, 0], [1, 1, 1], [0, 0, 1]]])
+  centred = cripo.exact_centred_rewards(verdicts, weights)
+  # L = 4: W = (2, 6, −1); s = (2, 7, −1), Σ s = 8; D = 3 s − 8.
+  assert centred.tolist() == [[-2, 13, -11]]
+  advantages, _ = cripo.exact_advantages(verdicts, weights, normalizer=normalizer)
+  # A = (s − mean s) / (std s + eps·L·Z), L·Z = ΣW = 7, Σ|W| = 9 or Σ positive W = 8.
+  deviation = np.array([-2, 13, -11]) / 3.0
+  scale = {"sum": 7.0, "abs": 9.0, "positive": 8.0}[normalizer]
+  np.testing.assert_allclose(advantages[0], deviation / (deviation.std() + 1e-6 * scale), rtol=1e-6)
