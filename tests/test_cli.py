@@ -81,13 +81,15 @@ def test_bad_overrides_fail_before_anything_loads(tmp_path, override, message):
 
 
 def test_rised_eval_reads_the_saved_config_and_writes_into_the_workdir(tmp_path):
-  # Mazes one step from the exit ("easy"), where even the random tiny model wins some episodes,
-  # so the pass rates compared below are not all zero.
-  model_dir = tiny.write(tmp_path / "model", ["maze"])
+  # One-move FrozenLake (2x2: 8 instances), where even the random tiny model wins some
+  # episodes, so the pass rates compared below are not all zero.
+  model_dir = tiny.write(tmp_path / "model", ["frozenlake"])
   config = load_config_file(TINY, "grpo,easy")
   config.model.source = str(model_dir)
+  config.envs.names = ["frozenlake"]
+  config.envs.difficulty = {"frozenlake": dict(size=2, holes=0, min_distance=1, max_turns=1)}
   config.train.steps = 1
-  config.eval.episodes_per_env = 16
+  config.eval.episodes_per_env = 6
   workdir = tmp_path / "run"
   summary = trainer.train(config, workdir)
 
@@ -99,7 +101,7 @@ def test_rised_eval_reads_the_saved_config_and_writes_into_the_workdir(tmp_path)
   # Greedy evaluation of the same checkpoint on the same held-out seeds: the training run's
   # "after" numbers.
   assert results == summary["after"]
-  assert 0 < results["maze"]["pass_rate"] < 1
+  assert 0 < results["frozenlake"]["pass_rate"] < 1
   # A second evaluation never overwrites the first file.
   written.write_text("mine\n")
   again = _cli("eval_entry", f"--workdir={workdir}", "--step=1", cwd=tmp_path)

@@ -234,8 +234,8 @@ def test_rised_compare_end_to_end_tiny(tmp_path):
     for preset in ("rised", "grpo"):
       assert (table["methods"][preset]["per_env"][env]["mark"] == "first") == (
           round(means[preset, env], 12) == round(best, 12))
-  # Rollouts: one step of K groups × G; rised K = 4, grpo K = B = 2; G = 4 (tiny_cpu.py).
-  assert table["methods"]["rised"]["rollouts"] == [16, 16]
+  # Rollouts: one step of K groups × G; rised K = 8, grpo K = B = 2; G = 4 (tiny_cpu.py).
+  assert table["methods"]["rised"]["rollouts"] == [32, 32]
   assert table["methods"]["grpo"]["rollouts"] == [8, 8]
   assert set(table["bootstrap"]) == {"grpo"}
   # The logged x-axis counters agree with the rollouts.jsonl budget.

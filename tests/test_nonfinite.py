@@ -79,17 +79,20 @@ def _saved_params(checkpoint_dir: Path) -> list[np.ndarray]:
 
 
 def test_a_diverging_run_stops_with_an_error_and_finite_checkpoints(tmp_path):
-  """learning_rate=1e30 on the tiny config (its easy setting, where the random model wins some
-  rollouts, so the first step has a gradient): the run must fail (non-zero exit, a message
+  """learning_rate=1e30 on the tiny config (one-move FrozenLake, where the random model wins
+  some rollouts, so the first step has a gradient): the run must fail (non-zero exit, a message
   naming the key), every kept checkpoint must be finite and hold the last applied update's
   state. Before the guard this run exited 0 with NaN checkpoints."""
-  model_dir = tiny.write(tmp_path / "model", ["maze"])
+  model_dir = tiny.write(tmp_path / "model", ["frozenlake"])
   workdir = tmp_path / "run"
   cmd = [sys.executable, "-m", "rised_jax.main", f"--config={CONFIG}:rised,easy",
          f"--workdir={workdir}", f"--config.model.source={model_dir}",
-         "--config.select.pool_groups=8", "--config.select.batch_groups=2",
+         "--config.envs.names=frozenlake",
+         "--config.envs.difficulty={'frozenlake': {'size': 2, 'holes': 0, 'min_distance': 1, "
+         "'max_turns': 1}}",
+         "--config.select.pool_groups=8", "--config.select.batch_groups=8",
          "--config.optim.learning_rate=1e30", "--config.train.steps=8",
-         "--config.eval.episodes_per_env=8",
+         "--config.eval.episodes_per_env=4",
          "--config.train.keep_checkpoints=10", "--config.train.max_nonfinite_steps=2"]
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
   proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)

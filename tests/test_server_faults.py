@@ -4,6 +4,7 @@ after its retries drops its whole group, the step's metrics count it, and nothin
 reaches the trained batch."""
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from fake_sglang_server import FakeSGLangServer
 from rised_jax import config as config_lib
-from rised_jax import trainer
+from rised_jax import evaluate, trainer
 from rised_jax.learn import batching
 from rised_jax.model import tiny
 from rised_jax.pipelines import make_pipeline
@@ -87,11 +88,10 @@ def test_agentic_step_drops_the_group_of_a_failed_request(server, tokenizer, fau
   config = agentic_config()
   with engine_for(server, tokenizer) as engine:
     pipe = make_pipeline(config, engine, tokenizer)
+    tasks = copy.deepcopy(pipe.tasks).next(4)          # the step's tasks, before any drop
     server.inject("/generate", fault, times=2)
     pool, rows, metrics = one_step(pipe)
   group_size = config.rollout.group_size
-  tasks = TaskStream(config.envs.names, config.envs.difficulty.to_dict(), seed=config.seed,
-                     eval_seed_offset=config.eval.seed_offset).next(4)
   assert [g.task for g in pool] == tasks[1:]          # the first task's group is gone, whole
   assert metrics["rollout/groups_dropped"] == 1.0
   assert metrics["rollout/server_retries"] == 1.0
@@ -168,8 +168,12 @@ def test_a_run_on_a_faulty_server_drops_and_counts_and_stays_finite(server, toke
   lines = [line for line in lines if "time/rollout" in line]   # the steps' (not eval) lines
   assert [line["step"] for line in lines] == [1, 2]
   # The oracle: which groups have a poisoned request, from the tasks and seeds of each step.
-  stream = TaskStream(config.envs.names, config.envs.difficulty.to_dict(), seed=config.seed,
-                      eval_seed_offset=config.eval.seed_offset)
+  difficulty = config.envs.difficulty.to_dict()
+  held_out = evaluate.eval_tasks(config.envs.names, difficulty, config.eval.episodes_per_env,
+                                 config.eval.seed_offset)
+  stream = TaskStream(config.envs.names, difficulty, seed=config.seed,
+                      eval_seed_offset=config.eval.seed_offset,
+                      exclude=evaluate.instance_keys(held_out))
   for step, line in enumerate(lines):
     seeds = [[sampling_seed(config.seed * 1_000_003 + step, task, rollout, 0)
               for rollout in range(config.rollout.group_size)]
