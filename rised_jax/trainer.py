@@ -248,7 +248,7 @@ def sync_weights(run: Run, version: int) -> None:
 def run_evaluation(run: Run, step: int) -> dict[str, dict[str, float]]:
   results = run.pipeline.evaluate()
   run.log.evaluation(step, results)
-  run.log.eval_episodes(step, getattr(run.pipeline, "eval_episodes", ()))
+  run.log.eval_episodes(step, run.pipeline.eval_episodes)
   return results
 
 

@@ -26,6 +26,10 @@ from rised_jax.types import Group
 
 class Pipeline(Protocol):
 
+  # The last evaluation's per-episode records (runlog's eval_episodes.jsonl); [] where the
+  # pipeline keeps none.
+  eval_episodes: list[dict[str, Any]]
+
   def roll_out(self, step: int) -> list[Group]: ...
   def judge(self, pool: list[Group]) -> dict[str, float]: ...
   def advantages(self, pool: list[Group]) -> None: ...

@@ -204,6 +204,7 @@ class RubricPipeline:
                                                 max_new_tokens=rc.judge.max_new_tokens)
     self.judge_backend = criteria_lib.make_criteria_judge(rc.judge.backend, **options)
     self.faults: dict[str, float] = {}   # the last roll-out's fault counters
+    self.eval_episodes: list[dict[str, Any]] = []   # per-answer records: not kept yet
 
   # ---- prompts ----------------------------------------------------------------------------
 
