@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -190,3 +191,52 @@ def process_rows(mesh: Mesh, num_rows: int) -> slice:
     raise ValueError(f"this process's devices hold non-contiguous rows of the batch on mesh "
                      f"{dict(mesh.shape)}; order the mesh devices by process")
   return slice(lo, hi)
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-host coordination: process 0 writes shared files and talks to servers; every other
+# process takes part in the collectives and waits for it.
+
+
+def is_coordinator() -> bool:
+  return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+  """Every process waits here until all have arrived (nothing to wait for on one process)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def on_coordinator(fn: Callable[[], Any], what: str,
+                   error_type: type[Exception] = RuntimeError) -> Any:
+  """Runs `fn` on process 0 only and returns its result there (None elsewhere).
+
+  Every process learns whether it succeeded (a broadcast, so this is also a barrier): process
+  0 re-raises its exception, the others raise `error_type` naming `what`, so no process walks
+  on into a collective that the failed one never reaches.
+  """
+  if jax.process_count() == 1:
+    return fn()
+  result, error = None, None
+  if is_coordinator():
+    try:
+      result = fn()
+    except Exception as e:  # noqa: BLE001 - re-raised below, after the others are told
+      error = e
+  failed = int(multihost_utils.broadcast_one_to_all(np.int32(error is not None)))
+  if error is not None:
+    raise error
+  if failed:
+    raise error_type(f"{what} failed on process 0 (its log has the error); process "
+                     f"{jax.process_index()} stops too")
+  return result
+
+
+def to_host(value: Any) -> np.ndarray:
+  """`value` as a host array. A jax.Array that spans other processes' devices is gathered
+  (one array at a time, so device memory holds one extra replicated copy at most): every
+  process must call this for the same arrays in the same order."""
+  if isinstance(value, jax.Array) and not value.is_fully_addressable:
+    return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+  return np.asarray(jax.device_get(value))

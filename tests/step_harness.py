@@ -8,6 +8,11 @@ Device count, mesh and process layout must be fixed before JAX starts, hence a s
 Every process builds the same global batches from a seed and feeds only its own rows
 (`parallel.process_rows`). The result file holds the per-step metrics and the final
 parameters (gathered to every process) as flat arrays.
+
+Multi-host export (`--export-dir`, `--weight-dir` with `--sglang-url`): the initial parameters
+(fixed bit for bit by the seed) are exported with `save_pretrained`, synced through
+`SGLangEngine.update_weights`, and exported into `--foreign-dir` (not an export: every process
+must refuse), before any step.
 """
 from __future__ import annotations
 
@@ -29,7 +34,41 @@ def parse() -> argparse.Namespace:
   p.add_argument("--num-processes", type=int, default=1)
   p.add_argument("--process-id", type=int, default=0)
   p.add_argument("--coordinator", default="")
+  p.add_argument("--export-dir", default="")
+  p.add_argument("--export-shard-bytes", type=int, default=50_000)
+  p.add_argument("--sglang-url", default="")
+  p.add_argument("--weight-dir", default="")
+  p.add_argument("--foreign-dir", default="")
   return p.parse_args()
+
+
+def export_checks(args: argparse.Namespace, model) -> None:
+  """The exports named on the command line; exits non-zero when one misbehaves here."""
+  from rised_jax.model import save_pretrained  # pylint: disable=import-outside-toplevel
+  from rised_jax.model.errors import ExportError  # pylint: disable=import-outside-toplevel
+  from rised_jax.rollout.sglang_engine import SGLangEngine  # pylint: disable=import-outside-toplevel
+  from tests.model_utils import tiny_tokenizer  # pylint: disable=import-outside-toplevel
+
+  tokenizer = tiny_tokenizer()
+  if args.export_dir:
+    save_pretrained(model, tokenizer, args.export_dir, max_shard_bytes=args.export_shard_bytes)
+  if args.sglang_url:
+    with SGLangEngine(args.sglang_url, weight_dir=args.weight_dir, tokenizer=tokenizer,
+                      export_dtype="bfloat16", timeout_s=30.0) as engine:
+      engine.update_weights(model, version=1)
+      exported = os.path.join(args.weight_dir, "v1", "model.safetensors")
+      # Every process returns only once process 0 has written the files and the server
+      # has loaded them.
+      if engine.weight_version != 1 or not os.path.isfile(exported):
+        sys.exit(f"process {args.process_id}: update_weights returned before {exported} "
+                 f"was there (weight_version {engine.weight_version})")
+  if args.foreign_dir:
+    try:
+      save_pretrained(model, tokenizer, args.foreign_dir)
+    except ExportError as error:
+      print(f"process {args.process_id} refused the foreign directory: {error}")
+    else:
+      sys.exit(f"process {args.process_id}: exported into a foreign directory")
 
 
 def main() -> None:
@@ -53,6 +92,7 @@ def main() -> None:
   config = step_fixtures.step_config(micro_batches=args.micro_batches)
   trainable, state = train_step.create(step_fixtures.tiny_model(), step_fixtures.optimizer(),
                                        config, mesh)
+  export_checks(args, trainable.model(state))
   ckpt = checkpoint.Checkpointer(args.save_dir, async_save=True) if args.save_dir else None
   if args.restore:
     state = ckpt.restore(None, state)

@@ -8,7 +8,8 @@ Export (`save_pretrained`): config.json, model*.safetensors (+ index when sharde
 files and generation_config.json under HF parameter names, in the standard layout that
 transformers' `AutoModelForCausalLM.from_pretrained` and an SGLang server load; lm_head is
 omitted when the embeddings are tied. An export directory holds a marker file listing what
-this package wrote; a non-empty directory without it is never written to.
+this package wrote; a non-empty directory without it is never written to. On several
+processes (multi-host) the tensors are gathered to process 0, which alone writes.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from rised_jax import parallel
 from rised_jax.model.config import ModelConfig
 from rised_jax.model.decoder import Decoder
 from rised_jax.model.errors import (ExportError, ModelConfigError, ModelFileNotFoundError,
@@ -191,14 +193,19 @@ def load_state_dict(model: Decoder, state: Mapping[str, np.ndarray],
     param.set_value(jnp.asarray(value, dtype=param.dtype))
 
 
-def hf_state_dict(model: Decoder, dtype: np.dtype | None = None) -> dict[str, np.ndarray]:
-  """The model's parameters as HF-named host arrays (optionally cast to `dtype`)."""
-  state = {}
+def _hf_tensors(model: Decoder, dtype: np.dtype | None) -> Iterator[tuple[str, np.ndarray]]:
+  """(HF name, host array) per tensor in checkpoint order. A parameter sharded over several
+  processes' devices is gathered, one tensor at a time: every process must consume this."""
   for spec in weight_specs(model.cfg):
-    array = _to_hf(spec.layout, np.asarray(jax.device_get(_param_at(model, spec.path)[...])),
+    array = _to_hf(spec.layout, parallel.to_host(_param_at(model, spec.path)[...]),
                    spec.hf_shape)
-    state[spec.hf_name] = np.ascontiguousarray(array if dtype is None else array.astype(dtype))
-  return state
+    yield spec.hf_name, np.ascontiguousarray(array if dtype is None else array.astype(dtype))
+
+
+def hf_state_dict(model: Decoder, dtype: np.dtype | None = None) -> dict[str, np.ndarray]:
+  """The model's parameters as HF-named host arrays (optionally cast to `dtype`); on several
+  processes every one must call it (the arrays are gathered)."""
+  return dict(_hf_tensors(model, dtype))
 
 
 def _some(names: list[str], limit: int = 8) -> str:
@@ -389,15 +396,34 @@ def save_pretrained(model: Decoder, tokenizer: Tokenizer | None, out_dir: str | 
 
   Each file is written under a temporary name and renamed into place; files of a previous
   export that this one no longer has (e.g. other shards) are removed.
+
+  Multi-host: every process calls this with the same arguments. Each tensor is gathered from
+  the processes that hold its shards (one tensor at a time), and process 0 alone touches
+  `out_dir` and holds the whole state dict, so the files are byte for byte those of a
+  one-process export. A failure on process 0 (a foreign directory, a full disk) is raised on
+  every process.
   """
   if dtype not in EXPORT_DTYPES:
     raise ValueError(f"dtype must be one of {sorted(EXPORT_DTYPES)}, got {dtype!r}")
   if max_shard_bytes < 1:
     raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
   out_dir = Path(out_dir)
-  previous = _prepare_export_dir(out_dir)
-  cfg = model.cfg
-  state = hf_state_dict(model, EXPORT_DTYPES[dtype])
+  previous = parallel.on_coordinator(lambda: _prepare_export_dir(out_dir),
+                                     f"preparing the export directory {out_dir}", ExportError)
+  state = {}
+  for name, array in _hf_tensors(model, EXPORT_DTYPES[dtype]):
+    if parallel.is_coordinator():   # the others only take part in the gathers
+      state[name] = array
+  parallel.on_coordinator(
+      lambda: _write_export(model.cfg, tokenizer, out_dir, state, previous, dtype,
+                            max_shard_bytes), f"writing the export {out_dir}", ExportError)
+  return out_dir
+
+
+def _write_export(cfg: ModelConfig, tokenizer: Tokenizer | None, out_dir: Path,
+                  state: dict[str, np.ndarray], previous: set[str], dtype: str,
+                  max_shard_bytes: int) -> None:
+  """The files of `save_pretrained` from the HF-named host tensors."""
   shards = _shard(state, max_shard_bytes)
   if len(shards) == 1:
     shard_names = [WEIGHTS_FILE]
@@ -433,7 +459,6 @@ def save_pretrained(model: Decoder, tokenizer: Tokenizer | None, out_dir: str | 
   for stale in previous - files:
     (out_dir / stale).unlink(missing_ok=True)
   _write_marker(out_dir, files, dtype)
-  return out_dir
 
 
 def _save_tokenizer(tokenizer: Tokenizer, out_dir: Path, listed: set[str],

@@ -9,8 +9,11 @@ Talks only to the server's native API; the `sglang` package is never imported.
   update_weights   exports the model as an HF safetensors directory (one per version, the last
                    `keep_versions` kept) and POSTs /update_weights_from_disk. The directory
                    must be readable by the server at the same path (same machine or a shared
-                   filesystem). sglang-jax has no such endpoint: there, restart the server on
-                   the exported directory instead.
+                   filesystem; not a bucket URL). sglang-jax has no such endpoint: there,
+                   restart the server on the exported directory instead. Multi-host: every
+                   process calls it (the export gathers the sharded parameters), process 0
+                   writes the files, all wait at a barrier, then process 0 alone POSTs and
+                   tells the others whether the server loaded them.
   health / flush_cache / model_info   GET /health, POST /flush_cache, GET /get_model_info.
 
 What the request asks of the server, and why (SGLang's `GenerateReqInput` / `SamplingParams`):
@@ -59,7 +62,6 @@ import shutil
 import threading
 import time
 import urllib.parse
-import uuid
 from typing import Any, Mapping, Sequence
 
 from rised_jax.rollout import http_retry
@@ -380,57 +382,78 @@ class SGLangEngine:
 
   def export_weights(self, model: Any, version: int) -> str:
     """Writes `model` (and the tokenizer) to `<weight_dir>/v<version>` and returns the path.
-    The directory appears complete or not at all (written aside, then renamed)."""
+    The directory appears complete or not at all (written aside, then renamed). Multi-host:
+    every process calls it; process 0 alone writes."""
     if self.weight_dir is None or self.tokenizer is None:
       raise SGLangError("SGLangEngine weight export needs weight_dir= and tokenizer= (the "
                         "server reloads weights from a directory it can read)")
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
       raise ValueError(f"weight version must be an integer >= 0, got {version!r}")
-    from rised_jax.model import save_pretrained  # the model stack: JAX, only when exporting
-    os.makedirs(self.weight_dir, exist_ok=True)
+    # The model stack (JAX), only when exporting.
+    from rised_jax import parallel  # noqa: PLC0415
+    from rised_jax.model import save_pretrained  # noqa: PLC0415
     target = os.path.join(self.weight_dir, f"v{version}")
-    staging = os.path.join(self.weight_dir, f".staging-v{version}-{uuid.uuid4().hex[:8]}")
+    # The same name on every process: only process 0 uses it, but all must agree on it.
+    staging = os.path.join(self.weight_dir, f".staging-v{version}")
     dtype_kwargs = {} if self.export_dtype is None else {"dtype": self.export_dtype}
-    try:
-      save_pretrained(model, self.tokenizer, staging, **dtype_kwargs)
+
+    def clear_staging():
+      shutil.rmtree(staging, ignore_errors=True)   # left by an interrupted export
+
+    def publish():
       if os.path.isdir(target):
         shutil.rmtree(target)
       os.rename(staging, target)
+
+    parallel.on_coordinator(clear_staging, f"clearing {staging}", SGLangError)
+    try:
+      save_pretrained(model, self.tokenizer, staging, **dtype_kwargs)
+      parallel.on_coordinator(publish, f"renaming {staging} to {target}", SGLangError)
     finally:
-      shutil.rmtree(staging, ignore_errors=True)
+      if parallel.is_coordinator():
+        clear_staging()
     return target
 
   def update_weights(self, model: Any, version: int) -> None:
     """Exports `model` as version `version` and makes the server load it (flushing its
-    cache); then deletes all but the newest `keep_versions` exported versions."""
+    cache); then deletes all but the newest `keep_versions` exported versions. Multi-host:
+    every process calls it; process 0 alone talks to the server, after every process has
+    finished the export, and all return (or raise) together."""
+    from rised_jax import parallel  # noqa: PLC0415
     if self._lacks_weight_endpoint:
       raise SGLangError(self._no_weight_endpoint_message(None))
     with self._weights_lock:
       path = self.export_weights(model, version)
-      payload = {
-          "model_path": path,
-          "load_format": "auto",
-          "flush_cache": True,
-          "abort_all_requests": False,
-          "weight_version": str(version),
-      }
-      try:
-        answer = self._call_json("POST", "/update_weights_from_disk", payload)
-      except http_retry.HTTPRequestError as error:
-        if error.status == 404:
-          # The export stays: restarting the server on it is the way forward.
-          self._lacks_weight_endpoint = True
-          raise SGLangError(self._no_weight_endpoint_message(path)) from error
-        shutil.rmtree(path, ignore_errors=True)
-        raise SGLangError(f"SGLang did not load weights version {version} from {path}: "
-                          f"{error}") from error
-      if not isinstance(answer, dict) or answer.get("success") is not True:
-        shutil.rmtree(path, ignore_errors=True)
-        message = answer.get("message") if isinstance(answer, dict) else answer
-        raise SGLangError(f"SGLang did not load weights version {version} from {path}: "
-                          f"{message!r}")
+      parallel.barrier(f"SGLang weights v{version} written")
+      parallel.on_coordinator(lambda: self._load_on_server(path, version),
+                              f"SGLang loading weights version {version}", SGLangError)
       self.weight_version = version
-      self._prune_exports(keep=path)
+
+  def _load_on_server(self, path: str, version: int) -> None:
+    """POST /update_weights_from_disk for the export at `path`, then prune old exports."""
+    payload = {
+        "model_path": path,
+        "load_format": "auto",
+        "flush_cache": True,
+        "abort_all_requests": False,
+        "weight_version": str(version),
+    }
+    try:
+      answer = self._call_json("POST", "/update_weights_from_disk", payload)
+    except http_retry.HTTPRequestError as error:
+      if error.status == 404:
+        # The export stays: restarting the server on it is the way forward.
+        self._lacks_weight_endpoint = True
+        raise SGLangError(self._no_weight_endpoint_message(path)) from error
+      shutil.rmtree(path, ignore_errors=True)
+      raise SGLangError(f"SGLang did not load weights version {version} from {path}: "
+                        f"{error}") from error
+    if not isinstance(answer, dict) or answer.get("success") is not True:
+      shutil.rmtree(path, ignore_errors=True)
+      message = answer.get("message") if isinstance(answer, dict) else answer
+      raise SGLangError(f"SGLang did not load weights version {version} from {path}: "
+                        f"{message!r}")
+    self._prune_exports(keep=path)
 
   def _no_weight_endpoint_message(self, exported: str | None) -> str:
     where = "an exported directory" if exported is None else f"the exported {exported}"
