@@ -78,6 +78,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.sglang = ml_collections.ConfigDict()
   c.rollout.sglang.timeout_s = 600.0       # deadline of one HTTP request as a whole
   c.rollout.sglang.retries = 3             # retries of a failed or invalid request
+  # Weight exports for /update_weights_from_disk: a path the server reads as it is (a local
+  # or shared filesystem, never a bucket URL); "": WORKDIR/weights.
+  c.rollout.sglang.weight_dir = ""
   c.rollout.group_size = 4                 # G
   c.rollout.temperature = 1.0
   c.rollout.top_p = 1.0

@@ -106,7 +106,8 @@ def _engine(config: ml_collections.ConfigDict, model, tokenizer):
                      reuse_prefix=config.rollout.reuse_prefix)
   from rised_jax.rollout.sglang_engine import SGLangEngine  # noqa: PLC0415
   return SGLangEngine(config.rollout.sglang_url, tokenizer=tokenizer,
-                      weight_dir=os.fspath(epath.Path(config.workdir) / "weights"),
+                      weight_dir=(config.rollout.sglang.weight_dir or
+                                  os.fspath(epath.Path(config.workdir) / "weights")),
                       timeout_s=config.rollout.sglang.timeout_s,
                       max_retries=config.rollout.sglang.retries,
                       vocab_size=model.cfg.vocab_size)
@@ -114,7 +115,7 @@ def _engine(config: ml_collections.ConfigDict, model, tokenizer):
 
 # Where the workdir is, is not part of what the run is (a moved or differently spelled
 # workdir is the same run).
-_CONFIG_KEYS_IGNORED = ("workdir",)
+_CONFIG_KEYS_IGNORED = ("workdir", "rollout.sglang.weight_dir")
 
 
 def _check_saved_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rised_jax.model import save_pretrained
+from rised_jax.rollout.sglang_engine import SGLangEngine
 from tests import step_fixtures
 from tests.fake_sglang_server import FakeSGLangServer
 from tests.model_utils import tiny_tokenizer
@@ -83,3 +84,9 @@ def test_a_refusal_on_process_0_stops_every_process(two_process_run):
   assert "not empty and not a previous rised_jax export" in outputs[0]
   assert "process 1 refused the foreign directory: preparing the export directory" in outputs[1]
   assert sorted(os.listdir(tmp / "foreign")) == ["notes.txt"]
+
+
+def test_a_bucket_weight_dir_is_refused():
+  # SGLang reads exports from a path; a gs:// workdir needs rollout.sglang.weight_dir.
+  with pytest.raises(ValueError, match=r"weight_dir='gs://b/run/weights'.*not a URL"):
+    SGLangEngine("http://127.0.0.1:1", weight_dir="gs://b/run/weights")

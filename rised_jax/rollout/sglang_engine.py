@@ -240,6 +240,11 @@ class SGLangEngine:
       raise ValueError(f"SGLangEngine keep_versions must be >= 1, got {keep_versions}")
     if vocab_size is not None and vocab_size < 1:
       raise ValueError(f"SGLangEngine vocab_size must be >= 1 or None, got {vocab_size}")
+    if weight_dir is not None and "://" in os.fspath(weight_dir):
+      raise ValueError(f"SGLangEngine weight_dir={os.fspath(weight_dir)!r}: the server loads "
+                       "exports from a filesystem path, not a URL; give a local or shared "
+                       "directory (config.rollout.sglang.weight_dir when the workdir is a "
+                       "bucket)")
     self.base_url = base_url.rstrip("/")
     self.max_concurrency = max_concurrency
     self.timeout_s = float(timeout_s)
