@@ -44,6 +44,11 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "qwen3-4l-d256": {**_TINY_QWEN3, "hidden_size": 256, "intermediate_size": 1024,
                       "num_hidden_layers": 4, "head_dim": 64},
     # SmolLM2-135M(-Instruct)'s config.json.
+    # Qwen3-0.6B's config.json (benchmarks/device_check.py).
+    "qwen3-0.6b": {**_TINY_QWEN3, "vocab_size": 151936, "hidden_size": 1024,
+                   "intermediate_size": 3072, "num_hidden_layers": 28,
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+                   "rope_theta": 1_000_000.0, "max_position_embeddings": 40960},
     "smollm2-135m": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152,
         "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
@@ -79,9 +84,10 @@ def peak_rss_bytes() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def measure_matmul_rate(size: int, min_seconds: float = 1.0, min_calls: int = 3
-                        ) -> dict[str, float]:
-  """FLOP/s of a jitted float32 [size, size] @ [size, size] (2·size³ FLOPs per call).
+def measure_matmul_rate(size: int, min_seconds: float = 1.0, min_calls: int = 3,
+                        dtype: Any = jnp.float32) -> dict[str, float]:
+  """FLOP/s of a jitted [size, size] @ [size, size] in `dtype` (float32 unless told;
+  2·size³ FLOPs per call).
 
   Calls are repeated until `min_seconds` have passed (at least `min_calls`); the rate uses
   the median call, the same statistic as the step times it is compared with. Also per
@@ -90,8 +96,8 @@ def measure_matmul_rate(size: int, min_seconds: float = 1.0, min_calls: int = 3
   if size < 1:
     raise ValueError(f"matmul size must be >= 1, got {size}")
   rng = np.random.default_rng(0)
-  a = jnp.asarray(rng.standard_normal((size, size)), jnp.float32)
-  b = jnp.asarray(rng.standard_normal((size, size)), jnp.float32)
+  a = jnp.asarray(rng.standard_normal((size, size)), dtype)
+  b = jnp.asarray(rng.standard_normal((size, size)), dtype)
   matmul = jax.jit(jnp.dot)
   matmul(a, b).block_until_ready()
   times, cpu_times = [], []

@@ -137,7 +137,7 @@ def bench_model(name: str, model: Decoder, args: argparse.Namespace,
   achieved = (weights + kv) / step_s
   tokens = args.batch * args.new_tokens
   return {
-      "model": name, "num_params": weights // np.dtype(model.param_dtype).itemsize,
+      "model": name, "num_params": sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))),
       "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
       "cached_compile_s": compile_s, "cached_total_s": full_s, "cached_prefill_s": prefill_s,
       "cached_decode_step_s": step_s, "cached_tokens_per_s": tokens / full_s,

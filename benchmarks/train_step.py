@@ -98,13 +98,16 @@ def grpo_batch(vocab: int, rows: int, prompt_len: int, response_len: int, *, see
 def bench_step(cfg: ModelConfig, config: step_lib.StepConfig,
                optimizer: step_lib.OptimizerConfig, batch: dict[str, np.ndarray], *,
                warmup: int, iters: int, matmul: dict[str, float],
-               seed: int = 0) -> dict[str, Any]:
+               seed: int = 0, dtype: str = "float32", param_dtype: str | None = None
+               ) -> dict[str, Any]:
   """Compiles and times one step config on one batch; returns the JSON record of the case.
 
-  `matmul` is a `common.measure_matmul_rate` result, the denominator of the MFUs.
+  `matmul` is a `common.measure_matmul_rate` result, the denominator of the MFUs; `dtype`
+  and `param_dtype` are the model's compute and parameter dtypes.
   """
-  trainable, state = step_lib.create(from_config(cfg, seed), step_lib.make_optimizer(optimizer),
-                                     config, parallel.make_mesh())
+  model = from_config(cfg, seed, dtype=dtype, param_dtype=param_dtype)
+  trainable, state = step_lib.create(model, step_lib.make_optimizer(optimizer), config,
+                                     parallel.make_mesh())
   device_batch = trainable.put_batch(batch)
   compiled, compile_s = common.compile_jitted(trainable.step, state, device_batch)
   memory = common.memory_report(compiled)

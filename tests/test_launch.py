@@ -2,6 +2,8 @@
 GPU-node script really starts a server, waits for /health, trains, and stops the server."""
 from __future__ import annotations
 
+import json
+import math
 import os
 import shlex
 import subprocess
@@ -170,3 +172,55 @@ def test_gpu_node_script_stops_the_server_when_training_fails(tmp_path):
   else:
     os.kill(pid, 9)
     pytest.fail("the SGLang server outlived the launch script")
+
+
+# ----------------------------------------------------------------------------- device check
+
+DEVICE_CHECK = REPO / "benchmarks" / "device_check.sh"
+
+
+def _device_check(*args: str) -> subprocess.CompletedProcess:
+  env = dict(os.environ, PYTHON=sys.executable)
+  env.pop("JAX_PLATFORMS", None)
+  return subprocess.run(["bash", str(DEVICE_CHECK), *args], capture_output=True, text=True,
+                        timeout=600, cwd=REPO, env=env)
+
+
+def test_device_check_dry_run_reports_consistent_numbers(tmp_path):
+  out = tmp_path / "device_check.json"
+  done = _device_check("--dry-run", "--out", str(out))
+  assert done.returncode == 0, done.stdout + done.stderr
+  result = json.loads(out.read_text())
+  assert result["dry_run"] and result["ok"] and result["machine"]["device"] == "cpu"
+  parity = result["parity"]
+  assert parity["reference"].startswith("transformers")   # torch is in the test extra
+  assert 0 <= parity["max_abs_diff"] <= parity["atol"] == 1e-4
+
+  step = result["train_step"]
+  # The tiny preset (qwen3-2l-d128), 2 rows of 8 + 16 columns, fused: student forward +
+  # backward (3 F) plus one teacher forward (F); F counted by hand.
+  layers, d, heads, kv, hd, f, vocab, rows, cols = 2, 128, 4, 2, 32, 512, 512, 2, 24
+  n = layers * (d * hd * (2 * heads + 2 * kv) + 3 * d * f)
+  forward = (2 * n * rows * cols + 4 * layers * rows * cols**2 * heads * hd
+             + 2 * d * vocab * rows * (cols - 1))
+  assert step["model_flops"]["total"] == 4 * forward
+  assert step["matmul"]["size"] == 128 and step["matmul_dtype"] == "bfloat16"
+  assert math.isclose(step["mfu"], 4 * forward / step["step"]["median_s"]
+                      / step["matmul"]["flops_per_s"], rel_tol=1e-9)
+  assert step["compute_dtype"] == "bfloat16" and step["param_dtype"] == "float32"
+  assert step["device_peak_bytes_in_use"] is None     # the CPU backend keeps no such stat
+  assert math.isfinite(step["final_loss"])
+
+  decode = result["decode"]
+  assert decode["greedy_tokens_agree"]
+  assert decode["kv_cache_bytes"] == 2 * layers * 2 * (8 + 4) * kv * hd * 2   # bf16 K and V
+  assert math.isclose(decode["fraction_of_measured_bandwidth"],
+                      decode["bytes_per_decode_step"] / decode["cached_decode_step_s"]
+                      / decode["measured_read_bytes_per_s"], rel_tol=1e-9)
+  assert math.isclose(result["seconds"]["total"],
+                      sum(v for k, v in result["seconds"].items() if k != "total"))
+
+
+def test_device_check_without_an_accelerator_refuses():
+  done = _device_check("--out", "/dev/null")
+  assert done.returncode == 1 and "JAX sees no accelerator" in done.stderr
