@@ -3,14 +3,16 @@
 Paper setup: G = 8 answers per prompt, 64 prompts per step, lr 1e-6, 200 steps, answers of up to
 4096 tokens, β = 0.05 warmed up over 50 steps, training judge Qwen3-32B. Two SGLang servers
 (CUDA builds, started by you; rised_jax talks to them over HTTP): the policy's rollout server,
-which reloads the weights the trainer exports after every step, and the judge.
+which reloads the weights the trainer exports after every step, and the judge. One GPU node:
 
-  python -m sglang.launch_server --model-path /models/Qwen3-1.7B --port 30000
-  python -m sglang.launch_server --model-path /models/Qwen3-32B --port 30001 --tp 4
-  rised-train --config experiments/configs/cripo_qwen3_1p7b.py:cripo --workdir /runs/cripo_1p7b \
-      --config.model.source=/models/Qwen3-1.7B
+  experiments/launch/gpu_node_sglang.sh --model /models/Qwen3-1.7B \
+      --config experiments/configs/cripo_qwen3_1p7b.py:cripo --workdir /runs/cripo_1p7b \
+      --server-gpus 0,1,2,3 --server-args "--dp 4" --train-gpus 4,5,6,7 \
+      -- --config.rubric.judge.options.base_url=http://JUDGE_HOST:30001/v1
 
-The run's workdir must be readable by the rollout server at the same path (weight exports).
+starts the rollout server, waits for /health, trains, and stops it; the judge runs on another
+host (`python -m sglang.launch_server --model-path /models/Qwen3-32B --port 30001 --tp 4`), or
+on the same node with --judge-model DIR --judge-gpus (README, "Running at scale").
 Bring RaR-Medicine / RaR-Science-style data with --config.rubric.tasks=FILE.jsonl (the format is in
 rised_jax/rubric_tasks/tasks.py); the default is the built-in offline set.
 

@@ -1,9 +1,9 @@
 """CriPO at paper scale on Qwen3-4B: the settings of cripo_qwen3_1p7b.py with β = 0.03.
 
-  python -m sglang.launch_server --model-path /models/Qwen3-4B --port 30000
-  python -m sglang.launch_server --model-path /models/Qwen3-32B --port 30001 --tp 4
-  rised-train --config experiments/configs/cripo_qwen3_4b.py:cripo --workdir /runs/cripo_4b \
-      --config.model.source=/models/Qwen3-4B
+  experiments/launch/gpu_node_sglang.sh --model /models/Qwen3-4B \
+      --config experiments/configs/cripo_qwen3_4b.py:cripo --workdir /runs/cripo_4b \
+      --server-gpus 0,1,2,3 --server-args "--dp 4" --train-gpus 4,5,6,7 \
+      -- --config.rubric.judge.options.base_url=http://JUDGE_HOST:30001/v1
 
 Argument: "PRESET[,local]" as in cripo_qwen3_1p7b.py (whose docstring has the details).
 Hardware: one node of 8 80-GB GPUs for the trainer plus the two servers' GPUs; time not measured.

@@ -1,12 +1,16 @@
 """RISED at paper scale: Qwen3-1.7B or 4B on all six built-in environments.
 
-  # 1. an SGLang server for rollouts (CUDA SGLang; it serves /update_weights_from_disk):
-  python -m sglang.launch_server --model-path $QWEN3_DIR --port 30000
-  # 2. training (one GPU node, 8 GPUs, FSDP):
-  rised-train --config experiments/configs/rised_qwen3_multienv.py:rised,4b \
-      --workdir /path/to/runs/rised_qwen3_4b --config.model.source=$QWEN3_DIR
-  # TPU pod slice (multi-host; the same command on every host):
-  rised-train --config experiments/configs/rised_qwen3_multienv.py:rised,4b,tpu --distributed ...
+  # one 8-GPU node: CUDA SGLang rollouts on GPUs 0-3 (4 data-parallel copies), training
+  # (FSDP) on 4-7, weights synced through /update_weights_from_disk every step:
+  experiments/launch/gpu_node_sglang.sh --model $QWEN3_DIR --workdir /path/to/runs/rised_4b \
+      --config experiments/configs/rised_qwen3_multienv.py:rised,4b \
+      --server-gpus 0,1,2,3 --server-args "--dp 4" --train-gpus 4,5,6,7 -- --config.mesh.fsdp=4
+  # a TPU pod slice: the same `rised-train --distributed` on every host, a gs:// workdir,
+  # rollouts on a CUDA SGLang server that reads the shared --weight-dir:
+  experiments/launch/tpu_pod.sh --tpu NAME --zone ZONE --workdir gs://BUCKET/rised_4b \
+      --config experiments/configs/rised_qwen3_multienv.py:rised,4b,tpu \
+      --sglang-url http://SGLANG_HOST:30000 --weight-dir /mnt/shared/rised_4b_weights
+(README, "Running at scale", explains the flags.)
 
 Argument: "ALGORITHM,SIZE[,tpu][,local]": ALGORITHM a preset of rised_jax.config (rised, grpo,
 dapo, variance, env_curriculum, ablations); SIZE 1.7b or 4b; tpu selects the pod mesh
