@@ -90,3 +90,19 @@ def test_a_bucket_weight_dir_is_refused():
   # SGLang reads exports from a path; a gs:// workdir needs rollout.sglang.weight_dir.
   with pytest.raises(ValueError, match=r"weight_dir='gs://b/run/weights'.*not a URL"):
     SGLangEngine("http://127.0.0.1:1", weight_dir="gs://b/run/weights")
+
+
+def test_a_bucket_workdir_syncs_through_rollout_sglang_weight_dir(tmp_path):
+  from types import SimpleNamespace  # pylint: disable=import-outside-toplevel
+  from rised_jax import config as config_lib, trainer  # pylint: disable=import-outside-toplevel
+  config = config_lib.default_config()
+  config.rollout.engine = "sglang"
+  config.workdir = "gs://bucket/run"
+  model = SimpleNamespace(cfg=SimpleNamespace(vocab_size=step_fixtures.VOCAB))
+  with pytest.raises(ValueError, match=r"weight_dir='gs://bucket/run/weights'.*"
+                                       r"config.rollout.sglang.weight_dir"):
+    trainer._engine(config, model, tiny_tokenizer())   # pylint: disable=protected-access
+  config.rollout.sglang.weight_dir = str(tmp_path / "weights")
+  engine = trainer._engine(config, model, tiny_tokenizer())   # pylint: disable=protected-access
+  assert engine.weight_dir == str(tmp_path / "weights")
+  engine.close()
