@@ -44,10 +44,11 @@ def parse() -> argparse.Namespace:
 
 def export_checks(args: argparse.Namespace, model) -> None:
   """The exports named on the command line; exits non-zero when one misbehaves here."""
-  from rised_jax.model import save_pretrained  # pylint: disable=import-outside-toplevel
-  from rised_jax.model.errors import ExportError  # pylint: disable=import-outside-toplevel
-  from rised_jax.rollout.sglang_engine import SGLangEngine  # pylint: disable=import-outside-toplevel
-  from tests.model_utils import tiny_tokenizer  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  from rised_jax.model import save_pretrained
+  from rised_jax.model.errors import ExportError
+  from rised_jax.rollout.sglang_engine import SGLangEngine
+  from tests.model_utils import tiny_tokenizer
 
   tokenizer = tiny_tokenizer()
   if args.export_dir:
