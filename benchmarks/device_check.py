@@ -9,7 +9,7 @@ fails or a number is not finite):
   parity   a tiny random Qwen3 (fp32, highest matmul precision) on the device against an
            independent reference: transformers (torch, CPU) when it is installed (the test
            extra), otherwise the same weights on JAX's CPU backend; max |Δlogit| <= 1e-4.
-  step     the fused train step (GRPO + forward-KL distillation, remat, chunked loss) on the
+  step     the fused train step (GRPO + forward-KL distillation, chunked loss) on the
            Qwen3-0.6B architecture, random weights, bf16 compute over fp32 master weights:
            median step time, model FLOPs (common.train_step_flops), MFU against the bf16
            matmul rate measured on the same device just before (common.measure_matmul_rate),
