@@ -12,6 +12,7 @@ See `base.Environment` for the protocol and `parsing` for how replies are read.
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 from typing import Any, Mapping
 
@@ -26,11 +27,20 @@ from rised_jax.envs.wordle import Wordle
 
 _REGISTRY: dict[str, type[Environment]] = {
     cls.name: cls for cls in (Sokoban, FrozenLake, Countdown, Wordle, Household, Maze)}
+# Real suites behind optional extras (README, "Real environment suites"): imported on first use,
+# so `import rised_jax` never needs them. name -> (module, class).
+_SUITES: dict[str, tuple[str, str]] = {
+    "babyai": ("rised_jax.envs.babyai", "BabyAI"),
+    "scienceworld": ("rised_jax.envs.scienceworld_env", "ScienceWorld"),
+    "twx_coin": ("rised_jax.envs.twx", "CoinCollector"),
+    "twx_treasure": ("rised_jax.envs.twx", "TreasureHunter"),
+    "twx_cooking": ("rised_jax.envs.twx", "CookingWorld"),
+}
 
 
 def names() -> list[str]:
-  """The registered environment names."""
-  return sorted(_REGISTRY)
+  """The registered environment names (the suites' too, installed or not)."""
+  return sorted({*_REGISTRY, *_SUITES})
 
 
 def difficulty_keys(name: str) -> list[str]:
@@ -71,6 +81,9 @@ def instance_key(name: str, seed: int, difficulty: Mapping[str, Any] | None = No
 
 
 def _lookup(name: str) -> type[Environment]:
+  if isinstance(name, str) and name in _SUITES and name not in _REGISTRY:
+    module, cls = _SUITES[name]   # SuiteNotInstalled (an ImportError) names the missing extra
+    _REGISTRY[name] = getattr(importlib.import_module(module), cls)
   if not isinstance(name, str) or name not in _REGISTRY:
     raise ValueError(f"unknown environment {name!r}; valid names: {names()}")
   return _REGISTRY[name]
