@@ -33,8 +33,8 @@ _SUITES: dict[str, tuple[str, str]] = {
     "babyai": ("rised_jax.envs.babyai", "BabyAI"),
     "scienceworld": ("rised_jax.envs.scienceworld_env", "ScienceWorld"),
     "twx_coin": ("rised_jax.envs.twx", "CoinCollector"),
-    "twx_treasure": ("rised_jax.envs.twx", "TreasureHunter"),
     "twx_cooking": ("rised_jax.envs.twx", "CookingWorld"),
+    "twx_twc": ("rised_jax.envs.twx", "Commonsense"),
 }
 
 
