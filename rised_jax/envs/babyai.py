@@ -106,7 +106,7 @@ class BabyAI(suites.SuiteEnvironment):
                shaping: float = 0.0):
     super().__init__(max_turns=max_turns, shaping=shaping)
     if not isinstance(level, str) or not level.strip():
-      raise ValueError(f"babyai: level must be a level name such as "GoToLocal" (or "
+      raise ValueError(f"babyai: level must be a level name such as 'GoToLocal' (or "
                        f"several joined by commas), got {level!r}")
     self.levels = [_level_id(part.strip()) for part in level.split(",")]
     unknown = [lv for lv in self.levels if lv not in gym.registry]
