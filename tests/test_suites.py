@@ -191,7 +191,7 @@ def test_a_missing_suite_names_its_extra(monkeypatch):
   from rised_jax.envs.suites import SuiteNotInstalled  # pylint: disable=import-outside-toplevel
   with pytest.raises(SuiteNotInstalled, match=r"pip install -e \.\[babyai\]`.*make envs"):
     envs.make("babyai")
-  assert "babyai" in envs.names()
+  assert "babyai" in envs.suite_names() and "babyai" not in envs.names()
 
 
 # ---------------------------------------------------------------------------- ScienceWorld
@@ -254,6 +254,22 @@ def test_twx_keys_folds_and_bad_replies():
 
 
 @TWX
+def test_one_environment_plays_episodes_back_to_back():
+  """Reset restarts the game on the simulator too (not the last episode's finished state)."""
+  env = envs.make("twx_cooking", params="numLocations=3,numIngredients=2,numDistractorItems=2,"
+                                        "includeDoors=0")
+  for seed in (0, 1, 0):
+    env.reset(seed)
+    plan = env.oracle()
+    assert len(plan) >= 5
+    for turn, action in enumerate(plan, start=1):
+      _, _, done, info = env.step(f"<answer>{action}</answer>")
+      if done:
+        break
+    assert info["success"] and turn >= len(plan) - 1 and env.score == 1.0
+
+
+@TWX
 def test_a_crashing_simulator_is_discarded_not_reused(monkeypatch):
   env = envs.make("twx_coin")
   env.reset(0)
@@ -298,7 +314,7 @@ def test_suites_config_local_run_logs_per_env_pass_rates(tmp_path):
   suites_envs = {"maze", "babyai", "scienceworld"}
   assert set(summary["after"]) == suites_envs
   evals = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").open()]
-  assert {(e["step"], e["env"]) for e in evals} == {(s, n) for s in (0, 2) for n in suites_envs}
+  assert {(e["step"], e["env"]) for e in evals} == {(s, n) for s in (0, 1) for n in suites_envs}
   assert all(0.0 <= e["pass_rate"] <= 1.0 and e["episodes"] == 2 for e in evals)
   # Evaluation played ScienceWorld's dev variations, training its train variations only.
   episodes = [json.loads(line) for line in (tmp_path / "run" / "eval_episodes.jsonl").open()]

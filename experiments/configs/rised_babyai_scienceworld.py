@@ -9,8 +9,8 @@ Express (`make envs` installs the suites and Java; README, "Real environment sui
 
 Argument: "ALGORITHM,SIZE[,tpu][,local]" as in rised_qwen3_multienv.py. `local` is the CPU
 smoke run CI plays: a tiny model (`python -m rised_jax.model.tiny DIR --envs
-maze,babyai,scienceworld`), the in-process sampler, the rule-based judge, two steps, on one
-built-in game (maze) and two real suites (BabyAI, ScienceWorld), with short turn budgets.
+maze,babyai,scienceworld`), the in-process sampler, the rule-based judge, one step, on one
+built-in game (maze) and two real suites (BabyAI, ScienceWorld), with two-turn budgets.
 Evaluation plays ScienceWorld's dev variations and TextWorld Express's dev games (seeds from
 eval.seed_offset on; see rised_jax.envs.scienceworld_env), BabyAI's held-out seeds.
 Judge: Gemini through google-genai (GEMINI_API_KEY from the environment).
@@ -79,14 +79,14 @@ def get_config(arg: str | None = None):
     c.model.remat = False
     c.envs.names = ["maze", "babyai", "scienceworld"]
     c.envs.difficulty = dict(
-        maze=dict(width=2, height=2, min_distance=1, max_turns=3),
-        babyai=dict(level="GoToLocal", max_turns=3),
+        maze=dict(width=2, height=2, min_distance=1, max_turns=2),
+        babyai=dict(level="GoToLocal", max_turns=2),
         scienceworld=dict(task="find-living-thing", simplification="easy", max_turns=2))
     c.rollout.engine = "jax"
     c.rollout.group_size = 2
     c.rollout.max_new_tokens_per_turn = 4
-    c.rollout.max_total_tokens = 1024
-    c.rollout.prompt_buckets = [512, 1024]
+    c.rollout.max_total_tokens = 768
+    c.rollout.prompt_buckets = [768]    # one bucket: one sampler compile
     c.rollout.new_token_buckets = [8]
     c.judge.backend = "rules"
     c.judge.options = {}
@@ -97,7 +97,7 @@ def get_config(arg: str | None = None):
     c.batching.prefix_multiple = 64
     c.batching.response_multiple = 64
     c.mesh = dict(data=1, fsdp=-1, tensor=1)
-    c.train.steps = 2
+    c.train.steps = 1
     c.train.eval_every = 0
     c.eval.episodes_per_env = 2
   return config_lib.apply_preset(c)

@@ -39,8 +39,13 @@ _SUITES: dict[str, tuple[str, str]] = {
 
 
 def names() -> list[str]:
-  """The registered environment names (the suites' too, installed or not)."""
-  return sorted({*_REGISTRY, *_SUITES})
+  """The built-in environment names."""
+  return sorted(n for n in _REGISTRY if n not in _SUITES)
+
+
+def suite_names() -> list[str]:
+  """The real suites' environment names, installed or not (`make` names a missing extra)."""
+  return sorted(_SUITES)
 
 
 def difficulty_keys(name: str) -> list[str]:
@@ -85,10 +90,11 @@ def _lookup(name: str) -> type[Environment]:
     module, cls = _SUITES[name]   # SuiteNotInstalled (an ImportError) names the missing extra
     _REGISTRY[name] = getattr(importlib.import_module(module), cls)
   if not isinstance(name, str) or name not in _REGISTRY:
-    raise ValueError(f"unknown environment {name!r}; valid names: {names()}")
+    raise ValueError(f"unknown environment {name!r}; valid names: {names() + suite_names()}")
   return _REGISTRY[name]
 
 
-__all__ = ["Environment", "Outcome", "format_answer", "make", "names", "difficulty_keys",
+__all__ = ["Environment", "Outcome", "format_answer", "make", "names", "suite_names",
+           "difficulty_keys",
            "instance_key",
            "Countdown", "FrozenLake", "Household", "Maze", "Sokoban", "Wordle"]

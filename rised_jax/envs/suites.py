@@ -94,6 +94,12 @@ class BackendPool(Generic[Backend]):
     self._last_use[i] = self._clock
     return self._backends[i]
 
+  def release(self, episode: Any) -> None:
+    """Forgets that a backend holds `episode`'s state (it restarts: its next lease restores)."""
+    for i, owner in enumerate(self._owners):
+      if owner is not None and owner() is episode:
+        self._owners[i] = None
+
   def discard(self, episode: Any) -> None:
     """Closes the backend that holds `episode` (its simulator raised: its state is unknown)."""
     for i, owner in enumerate(self._owners):

@@ -112,6 +112,7 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
 
   def _generate(self, rng: Any) -> None:
     del rng   # the suite draws the instance from the seed (`_choose`)
+    self._pool().release(self)   # a backend may still hold this object's previous episode
     self.instance = self._choose(self._seed)
     start = self._start(self.instance)
     self._opening = start.intro
