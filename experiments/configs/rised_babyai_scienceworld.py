@@ -9,7 +9,7 @@ Express (`make envs` installs the suites and Java; README, "Real environment sui
 
 Argument: "ALGORITHM,SIZE[,tpu][,local]" as in rised_qwen3_multienv.py. `local` is the CPU
 smoke run CI plays: a tiny model (`python -m rised_jax.model.tiny DIR --envs
-maze,babyai,scienceworld`), the in-process sampler, the rule-based judge, one step, on one
+maze,babyai`), the in-process sampler, the rule-based judge, one step, on one
 built-in game (maze) and two real suites (BabyAI, ScienceWorld), with two-turn budgets.
 Evaluation plays ScienceWorld's dev variations and TextWorld Express's dev games (seeds from
 eval.seed_offset on; see rised_jax.envs.scienceworld_env), BabyAI's held-out seeds.

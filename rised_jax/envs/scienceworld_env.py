@@ -99,12 +99,13 @@ class ScienceWorld(text_suite.TextSuite):
   def _new_backend(self) -> Any:
     return scienceworld.ScienceWorldEnv("", envStepLimit=_STEP_LIMIT)
 
-  def _load(self, backend: Any, instance: Hashable) -> tuple[str, Hashable, float]:
+  def _load(self, backend: Any, instance: Hashable
+            ) -> tuple[str, Hashable, float, tuple[str, ...]]:
     task, variation, simplification = instance
     backend.load(task, variation, simplification, generateGoldPath=True)
     look, inventory = backend.look(), backend.inventory()
     intro = f"Task: {backend.get_task_description()}\n{look.strip()}"
-    return intro, (look, inventory), 0.0
+    return intro, (look, inventory), 0.0, ()   # its commands are lower case already
 
   def _gold(self, backend: Any) -> list[str]:
     return list(backend.get_gold_action_sequence())

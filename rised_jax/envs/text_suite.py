@@ -22,7 +22,7 @@ import dataclasses
 import re
 from typing import Any, ClassVar, Hashable
 
-from rised_jax.envs import base, suites
+from rised_jax.envs import base, parsing, suites
 from rised_jax.rubrics import suite_rules
 
 # Commands that look rather than act: never `no_effect` (they are how an agent gathers facts).
@@ -41,6 +41,7 @@ class Report:
   rejected: bool = False  # the suite's parser did not understand the command
   success: bool = False
   failed: bool = False
+  admissible: tuple[str, ...] = ()   # the suite's valid commands now, where it lists them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Start:
   view: Hashable
   score: float
   gold: tuple[str, ...]
+  admissible: tuple[str, ...] = ()
 
 
 class TextSuite(suites.SuiteEnvironment, abc.ABC):
@@ -73,8 +75,9 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
     """A new simulator (starts a JVM)."""
 
   @abc.abstractmethod
-  def _load(self, backend: Any, instance: Hashable) -> tuple[str, Hashable, float]:
-    """Starts `instance` on `backend`; returns (intro text, view, score)."""
+  def _load(self, backend: Any, instance: Hashable
+            ) -> tuple[str, Hashable, float, tuple[str, ...]]:
+    """Starts `instance` on `backend`; returns (intro text, view, score, admissible commands)."""
 
   @abc.abstractmethod
   def _gold(self, backend: Any) -> list[str]:
@@ -102,8 +105,8 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
       found: list[Start] = []
 
       def load(backend: Any) -> None:
-        intro, view, score = self._load(backend, instance)
-        found.append(Start(intro, view, score, tuple(self._gold(backend))))
+        intro, view, score, admissible = self._load(backend, instance)
+        found.append(Start(intro, view, score, tuple(self._gold(backend)), admissible))
 
       # A throwaway owner: the backend is idle again right after.
       self._pool().lease(_Scratch(), load)
@@ -117,6 +120,7 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
     start = self._start(self.instance)
     self._opening = start.intro
     self.view, self.score, self.gold = start.view, start.score, start.gold
+    self._spelling = _spellings(start.admissible + start.gold)
     self.history: list[str] = []       # every command sent to the suite, in order
     self._gold_done: int | None = 0    # gold commands played so far; None once off the gold path
 
@@ -124,7 +128,11 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
     return self._opening
 
   def _parse(self, candidate: str) -> str | None:
-    return candidate if 0 < len(candidate) <= _MAX_COMMAND_CHARS else None
+    # Candidates arrive lower-cased (`parsing.normalize`); suites with case-sensitive parsers
+    # (TextWorld Express's "take TV remote") get their own spelling of an admissible command.
+    if not 0 < len(candidate) <= _MAX_COMMAND_CHARS:
+      return None
+    return self._spelling.get(candidate, candidate)
 
   def _apply(self, command: str) -> base.Outcome:
     pool = self._pool()
@@ -143,6 +151,8 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
         informational=bool(_INFORMATIONAL_RE.match(command)), failed=report.failed,
         distance_before=self.max_score - self.score, distance_after=self.max_score - report.score)
     self.view, self.score = report.view, report.score
+    if report.admissible:
+      self._spelling = _spellings(report.admissible + self.gold)
     return base.Outcome(report.feedback.strip(), events, executed=not report.rejected,
                         success=report.success, failed=report.failed)
 
@@ -168,6 +178,11 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
 
   def _format_hint(self) -> str:
     return "Answer with one command as <answer>COMMAND</answer>, e.g. <answer>look around</answer>."
+
+
+def _spellings(commands: tuple[str, ...]) -> dict[str, str]:
+  """{normalised command: the suite's spelling}, for commands whose spelling differs."""
+  return {parsing.normalize(c): c for c in commands if parsing.normalize(c) != c}
 
 
 class _Scratch:

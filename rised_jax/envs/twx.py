@@ -79,12 +79,14 @@ class TextWorldExpress(text_suite.TextSuite):
   def _new_backend(self) -> Any:
     return textworld_express.TextWorldExpressEnv(envStepLimit=_STEP_LIMIT)
 
-  def _load(self, backend: Any, instance: Hashable) -> tuple[str, Hashable, float]:
+  def _load(self, backend: Any, instance: Hashable
+            ) -> tuple[str, Hashable, float, tuple[str, ...]]:
     game, params, fold, seed = instance
     backend.load(game, params)
     observation, info = backend.reset(seed=seed, gameFold=fold, generateGoldPath=True)
     intro = f"Task: {info['taskDescription']}\n{observation.strip()}"
-    return intro, (info["look"], info["inventory"]), float(info["score"])
+    return (intro, (info["look"], info["inventory"]), float(info["score"]),
+            tuple(info["validActions"]))
 
   def _gold(self, backend: Any) -> list[str]:
     return list(backend.getGoldActionSequence())
@@ -94,7 +96,7 @@ class TextWorldExpress(text_suite.TextSuite):
     return text_suite.Report(
         feedback=observation, score=float(info["score"]), view=(info["look"], info["inventory"]),
         rejected=observation.strip().startswith(_REJECTED), success=bool(info["tasksuccess"]),
-        failed=bool(info["taskfailure"]))
+        failed=bool(info["taskfailure"]), admissible=tuple(info["validActions"]))
 
 
 class CoinCollector(TextWorldExpress):
@@ -109,7 +111,7 @@ class CookingWorld(TextWorldExpress):
   game = "cookingworld"
   description = ("CookingWorld: find and read the cookbook, gather the ingredients, prepare "
                  "them as the recipe says, then prepare and eat the meal")
-  default_max_turns = 100
+  default_max_turns = 128   # gold sequences of the default (11-room) games reach 101 commands
 
 
 class Commonsense(TextWorldExpress):
