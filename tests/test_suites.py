@@ -16,6 +16,7 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -192,6 +193,20 @@ def test_a_missing_suite_names_its_extra(monkeypatch):
   with pytest.raises(SuiteNotInstalled, match=r"pip install -e \.\[babyai\]`.*make envs"):
     envs.make("babyai")
   assert "babyai" in envs.suite_names() and "babyai" not in envs.names()
+  from rised_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  config = config_lib.default_config()
+  config.envs.names = ["maze", "babyai"]   # no difficulty knobs: validation still imports it
+  with pytest.raises(SuiteNotInstalled, match=r"\[babyai\]"):
+    config_lib.validate(config)
+
+
+def test_importing_rised_jax_needs_no_suite():
+  code = ("import sys, rised_jax, rised_jax.envs, rised_jax.config, rised_jax.trainer; "
+          "print(sorted(m for m in ('minigrid', 'scienceworld', 'textworld_express', 'py4j') "
+          "if m in sys.modules))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.stdout.strip() == "[]"
 
 
 # ---------------------------------------------------------------------------- ScienceWorld
