@@ -230,13 +230,11 @@ def test_scienceworld_splits_keys_and_bad_replies():
   train_env.reset(3)
   eval_env.reset(1_000_003)
   # The splits straight from the simulator (not from the adapter's cache).
-  splits = {}
-
   def read(backend):
     backend.load("find-living-thing", 0, "easy", generateGoldPath=False)
-    splits.update(train=set(backend.get_variations_train()), dev=set(backend.get_variations_dev()))
+    return dict(train=set(backend.get_variations_train()), dev=set(backend.get_variations_dev()))
 
-  train_env._pool().lease(text_suite._Scratch(), read)   # pylint: disable=protected-access
+  splits = train_env._pool().use(read)   # pylint: disable=protected-access
   assert train_env.instance[1] in splits["train"] and eval_env.instance[1] in splits["dev"]
   assert not splits["train"] & splits["dev"]
   check_bad_replies(train_env)
@@ -344,3 +342,30 @@ def test_suites_config_local_run_logs_per_env_pass_rates(tmp_path):
     world.reset(seed)
     assert seed >= config.eval.seed_offset and world.instance[1] in world._variations(   # pylint: disable=protected-access
         "find-living-thing")["dev"]
+
+
+def test_backend_pool_restores_only_after_another_episode_used_the_backend():
+  from rised_jax.envs.suites import BackendPool  # pylint: disable=import-outside-toplevel
+
+  class Episode:
+    done = False
+
+  made, closed = [], []
+  pool = BackendPool(lambda: made.append(object()) or made[-1], closed.append, capacity=1)
+  first, second = Episode(), Episode()
+  restored = []
+  for episode in (first, first, second, first, first):
+    pool.lease(episode, lambda b, e=episode: restored.append(e))
+  assert restored == [first, second, first] and len(made) == 1   # one backend, taken in turns
+  pool.release(first)
+  pool.lease(first, lambda b: restored.append(first))
+  assert restored[-1] is first and len(restored) == 4            # a reset episode restores
+  second.done = True
+  wide = BackendPool(lambda: made.append(object()) or made[-1], closed.append, capacity=2)
+  wide.lease(first, lambda b: None)
+  wide.lease(second, lambda b: None)
+  third = Episode()
+  backend = wide.lease(third, lambda b: None)   # second is over: its backend is free
+  assert backend is wide.lease(third, lambda b: 1 / 0) and len(made) == 3
+  wide.discard(third)
+  assert closed == [backend]

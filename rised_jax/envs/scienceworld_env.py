@@ -84,16 +84,13 @@ class ScienceWorld(text_suite.TextSuite):
   def _variations(self, task: str) -> dict[str, list[int]]:
     key = (task, self.simplification)
     if key not in ScienceWorld._splits:
-      found = {}
-
-      def read(backend: Any) -> None:
+      def read(backend: Any) -> dict[str, list[int]]:
         backend.load(task, 0, self.simplification, generateGoldPath=False)
-        found.update(train=list(backend.get_variations_train()),
-                     dev=list(backend.get_variations_dev()),
-                     test=list(backend.get_variations_test()))
+        return dict(train=list(backend.get_variations_train()),
+                    dev=list(backend.get_variations_dev()),
+                    test=list(backend.get_variations_test()))
 
-      self._pool().lease(text_suite._Scratch(), read)   # pylint: disable=protected-access
-      ScienceWorld._splits[key] = found
+      ScienceWorld._splits[key] = self._pool().use(read)
     return ScienceWorld._splits[key]
 
   def _new_backend(self) -> Any:

@@ -88,11 +88,26 @@ class BackendPool(Generic[Backend]):
         return self._backends[i]
     i = self._free_slot()
     self._owners[i] = None   # until the restore succeeds, the backend holds no one's state
-    restore(self._backends[i])
+    try:
+      restore(self._backends[i])
+    except Exception:
+      self._drop(i)   # a simulator that fails to load is not trusted again
+      raise
     self.restores += 1
     self._owners[i] = weakref.ref(episode)
     self._last_use[i] = self._clock
     return self._backends[i]
+
+  def use(self, work: Callable[[Backend], Any]) -> Any:
+    """`work(backend)` on an idle backend that stays idle after (reading a suite's metadata);
+    whoever leases it next restores its own state."""
+    i = self._free_slot()
+    self._owners[i] = None
+    try:
+      return work(self._backends[i])
+    except Exception:
+      self._drop(i)
+      raise
 
   def release(self, episode: Any) -> None:
     """Forgets that a backend holds `episode`'s state (it restarts: its next lease restores)."""
@@ -104,13 +119,16 @@ class BackendPool(Generic[Backend]):
     """Closes the backend that holds `episode` (its simulator raised: its state is unknown)."""
     for i, owner in enumerate(self._owners):
       if owner is not None and owner() is episode:
-        backend = self._backends.pop(i)
-        del self._owners[i], self._last_use[i]
-        try:
-          self._close(backend)
-        except Exception:  # pylint: disable=broad-except  # already broken: nothing to keep
-          pass
+        self._drop(i)
         return
+
+  def _drop(self, i: int) -> None:
+    backend = self._backends.pop(i)
+    del self._owners[i], self._last_use[i]
+    try:
+      self._close(backend)
+    except Exception:  # pylint: disable=broad-except  # already broken: nothing to keep
+      pass
 
   def close_all(self) -> None:
     for backend in self._backends:

@@ -102,15 +102,11 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
   def _start(self, instance: Hashable) -> Start:
     key = (self.name, instance)
     if key not in TextSuite._starts:
-      found: list[Start] = []
-
-      def load(backend: Any) -> None:
+      def load(backend: Any) -> Start:
         intro, view, score, admissible = self._load(backend, instance)
-        found.append(Start(intro, view, score, tuple(self._gold(backend)), admissible))
+        return Start(intro, view, score, tuple(self._gold(backend)), admissible)
 
-      # A throwaway owner: the backend is idle again right after.
-      self._pool().lease(_Scratch(), load)
-      TextSuite._starts[key] = found[0]
+      TextSuite._starts[key] = self._pool().use(load)
     return TextSuite._starts[key]
 
   def _generate(self, rng: Any) -> None:
@@ -183,7 +179,3 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
 def _spellings(commands: tuple[str, ...]) -> dict[str, str]:
   """{normalised command: the suite's spelling}, for commands whose spelling differs."""
   return {parsing.normalize(c): c for c in commands if parsing.normalize(c) != c}
-
-
-class _Scratch:
-  """A weak-referenceable owner for a one-off backend use (it dies at once: the backend is idle)."""

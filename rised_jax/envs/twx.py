@@ -65,15 +65,12 @@ class TextWorldExpress(text_suite.TextSuite):
   def _fold_seeds(self) -> dict[str, list[int]]:
     key = (self.game, self.params)
     if key not in TextWorldExpress._seeds:
-      found = {}
-
-      def read(backend: Any) -> None:
+      def read(backend: Any) -> dict[str, list[int]]:
         backend.load(self.game, self.params)
-        found.update(train=list(backend.getValidSeedsTrain()),
-                     dev=list(backend.getValidSeedsDev()), test=list(backend.getValidSeedsTest()))
+        return dict(train=list(backend.getValidSeedsTrain()),
+                    dev=list(backend.getValidSeedsDev()), test=list(backend.getValidSeedsTest()))
 
-      self._pool().lease(text_suite._Scratch(), read)   # pylint: disable=protected-access
-      TextWorldExpress._seeds[key] = found
+      TextWorldExpress._seeds[key] = self._pool().use(read)
     return TextWorldExpress._seeds[key]
 
   def _new_backend(self) -> Any:
