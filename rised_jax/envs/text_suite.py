@@ -139,9 +139,14 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
       pool.discard(self)   # the simulator's state is unknown now: never reuse it
       raise
     self.history.append(command)
-    if not report.rejected and self._gold_done is not None:
-      on_path = (self._gold_done < len(self.gold) and command == self.gold[self._gold_done])
-      self._gold_done = self._gold_done + 1 if on_path else None
+    if self._gold_done is not None:
+      # The next gold command keeps the episode on the gold path even when the suite refuses
+      # it (TWX's gold runs hold a few refused no-ops); any other command that executed leaves
+      # it, a refused one changes nothing.
+      if self._gold_done < len(self.gold) and command == self.gold[self._gold_done]:
+        self._gold_done += 1
+      elif not report.rejected:
+        self._gold_done = None
     events = suite_rules.step_events(
         rejected=report.rejected, changed=(report.view, report.score) != (self.view, self.score),
         informational=bool(_INFORMATIONAL_RE.match(command)), failed=report.failed,
