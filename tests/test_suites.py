@@ -56,9 +56,13 @@ TWX = needs("textworld_express", "twx", java=True)
 @pytest.fixture(scope="module", autouse=True)
 def one_jvm_per_suite():
   """Fresh pools for this module, closed at its end; one JVM for TextWorld Express's games
-  (ScienceWorld sets its own capacity)."""
-  saved = text_suite.TextSuite.pool_capacity
-  text_suite.TextSuite.pool_capacity = 1
+  (ScienceWorld keeps the default, RISED_SUITE_JVMS or 2)."""
+  try:
+    from rised_jax.envs import twx  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    twx = None
+  if twx is not None:
+    twx.TextWorldExpress.pool_capacity = 1
   for pool in text_suite.TextSuite._pools.values():   # pylint: disable=protected-access
     pool.close_all()
   text_suite.TextSuite._pools.clear()   # pylint: disable=protected-access
@@ -66,7 +70,8 @@ def one_jvm_per_suite():
   for pool in text_suite.TextSuite._pools.values():   # pylint: disable=protected-access
     pool.close_all()
   text_suite.TextSuite._pools.clear()   # pylint: disable=protected-access
-  text_suite.TextSuite.pool_capacity = saved
+  if twx is not None:
+    del twx.TextWorldExpress.pool_capacity   # back to TextSuite's
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ Evaluation plays ScienceWorld's dev variations and TextWorld Express's dev games
 eval.seed_offset on; see rised_jax.envs.scienceworld_env), BabyAI's held-out seeds.
 Judge: Gemini through google-genai (GEMINI_API_KEY from the environment).
 Hardware: 8×H100/H200 (or a v5p-64 slice) and ~16 CPU cores with 4 GB each for the suites'
-JVMs (two per suite process, `TextSuite.pool_capacity`).
+JVMs: RISED_SUITE_JVMS=16 (per suite; the default 2 makes concurrent episodes take turns on a
+JVM, each turn replaying the episode's commands, which is correct but slow).
 """
 import os
 

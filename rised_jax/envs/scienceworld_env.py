@@ -39,7 +39,6 @@ class ScienceWorld(text_suite.TextSuite):
   default_max_turns = 50
   max_score = 100.0
   pool_key = "scienceworld"
-  pool_capacity = 2   # its own, not TextSuite's: a ScienceWorld JVM grows to ~4 GB
   _splits: ClassVar[dict[tuple[str, str], dict[str, list[int]]]] = {}
 
   def __init__(self, *, task: str = DEFAULT_TASK, simplification: str = "easy",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import os
 import re
 from typing import Any, ClassVar, Hashable
 
@@ -60,7 +61,9 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
 
   max_score: ClassVar[float]
   pool_key: ClassVar[str]          # environments with one pool key share their simulators
-  pool_capacity: ClassVar[int] = 2  # live JVMs per pool (a ScienceWorld JVM holds ~4 GB)
+  # Live JVMs per pool (a ScienceWorld JVM grows to ~4 GB): RISED_SUITE_JVMS, default 2. With
+  # fewer JVMs than live episodes every step may replay (see `suites.BackendPool`).
+  pool_capacity: ClassVar[int] = int(os.environ.get("RISED_SUITE_JVMS", "2"))
   _pools: ClassVar[dict[str, suites.BackendPool]] = {}
   _starts: ClassVar[dict[Hashable, Start]] = {}
 
