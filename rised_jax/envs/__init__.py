@@ -12,6 +12,7 @@ See `base.Environment` for the protocol and `parsing` for how replies are read.
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 from typing import Any, Mapping
 
@@ -26,11 +27,25 @@ from rised_jax.envs.wordle import Wordle
 
 _REGISTRY: dict[str, type[Environment]] = {
     cls.name: cls for cls in (Sokoban, FrozenLake, Countdown, Wordle, Household, Maze)}
+# Real suites behind optional extras (README, "Real environment suites"): imported on first use,
+# so `import rised_jax` never needs them. name -> (module, class).
+_SUITES: dict[str, tuple[str, str]] = {
+    "babyai": ("rised_jax.envs.babyai", "BabyAI"),
+    "scienceworld": ("rised_jax.envs.scienceworld_env", "ScienceWorld"),
+    "twx_coin": ("rised_jax.envs.twx", "CoinCollector"),
+    "twx_cooking": ("rised_jax.envs.twx", "CookingWorld"),
+    "twx_twc": ("rised_jax.envs.twx", "Commonsense"),
+}
 
 
 def names() -> list[str]:
-  """The registered environment names."""
-  return sorted(_REGISTRY)
+  """The built-in environment names."""
+  return sorted(n for n in _REGISTRY if n not in _SUITES)
+
+
+def suite_names() -> list[str]:
+  """The real suites' environment names, installed or not (`make` names a missing extra)."""
+  return sorted(_SUITES)
 
 
 def difficulty_keys(name: str) -> list[str]:
@@ -71,11 +86,15 @@ def instance_key(name: str, seed: int, difficulty: Mapping[str, Any] | None = No
 
 
 def _lookup(name: str) -> type[Environment]:
+  if isinstance(name, str) and name in _SUITES and name not in _REGISTRY:
+    module, cls = _SUITES[name]   # SuiteNotInstalled (an ImportError) names the missing extra
+    _REGISTRY[name] = getattr(importlib.import_module(module), cls)
   if not isinstance(name, str) or name not in _REGISTRY:
-    raise ValueError(f"unknown environment {name!r}; valid names: {names()}")
+    raise ValueError(f"unknown environment {name!r}; valid names: {names() + suite_names()}")
   return _REGISTRY[name]
 
 
-__all__ = ["Environment", "Outcome", "format_answer", "make", "names", "difficulty_keys",
+__all__ = ["Environment", "Outcome", "format_answer", "make", "names", "suite_names",
+           "difficulty_keys",
            "instance_key",
            "Countdown", "FrozenLake", "Household", "Maze", "Sokoban", "Wordle"]
