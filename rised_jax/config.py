@@ -82,6 +82,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.sglang = ml_collections.ConfigDict()
   c.rollout.sglang.timeout_s = 600.0       # deadline of one HTTP request as a whole
   c.rollout.sglang.retries = 3             # retries of a failed or invalid request
+  # Where weight sync exports each version for the server to load: a directory on a filesystem
+  # the SGLang host reads ("" = <workdir>/weights; needed when the workdir is a bucket URL).
+  c.rollout.sglang.weight_dir = ""
   c.rollout.group_size = 4                 # G
   c.rollout.temperature = 1.0
   c.rollout.top_p = 1.0

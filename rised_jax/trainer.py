@@ -123,16 +123,27 @@ def _engine(config: ml_collections.ConfigDict, model, tokenizer):
                      reuse_prefix=config.rollout.reuse_prefix)
   from rised_jax.rollout.sglang_engine import SGLangEngine  # noqa: PLC0415
   return SGLangEngine(config.rollout.sglang_url, tokenizer=tokenizer,
-                      weight_dir=os.fspath(epath.Path(config.workdir) / "weights"),
+                      weight_dir=_weight_dir(config),
                       timeout_s=config.rollout.sglang.timeout_s,
                       max_retries=config.rollout.sglang.retries,
                       vocab_size=model.cfg.vocab_size,
                       export_dtype=config.model.compute_dtype)
 
 
-# Where the workdir is, is not part of what the run is (a moved or differently spelled
-# workdir is the same run).
-_CONFIG_KEYS_IGNORED = ("workdir",)
+def _weight_dir(config: ml_collections.ConfigDict) -> str:
+  """The local directory the SGLang weight sync exports into (the server loads from a path)."""
+  if config.rollout.sglang.weight_dir:
+    return os.path.abspath(os.path.expanduser(config.rollout.sglang.weight_dir))
+  if "://" in config.workdir:
+    raise ValueError(f"config.rollout.sglang.weight_dir is empty and the workdir "
+                     f"{config.workdir} is a bucket URL: SGLang loads the synced weights from a "
+                     "directory on its host, so give a local or shared-filesystem path")
+  return os.fspath(epath.Path(config.workdir) / "weights")
+
+
+# Where the workdir (or the weight-sync scratch) is, is not part of what the run is (a moved or
+# differently spelled workdir is the same run).
+_CONFIG_KEYS_IGNORED = ("workdir", "rollout.sglang.weight_dir")
 
 
 def _check_saved_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
@@ -172,6 +183,8 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> e
   workdir = resolve_workdir(workdir)
   with config.unlocked():
     config.workdir = os.fspath(workdir)
+  if config.rollout.engine == "sglang":
+    _weight_dir(config)
   _check_saved_config(workdir, config)
   return workdir
 

@@ -188,3 +188,20 @@ def test_workdir_urls_are_resolved_or_refused_by_name(tmp_path):
   with pytest.raises(ValueError, match=r"workdir 'ftp://x/run': expected a local path, a "
                      r"file:// URL or a bucket URL"):
     trainer.resolve_workdir("ftp://x/run")
+
+
+def test_sglang_weight_sync_under_a_bucket_workdir_needs_a_local_weight_dir(tmp_path):
+  """The export used to land in ./gs:/bucket/run/weights under the cwd; now a bucket workdir
+  needs rollout.sglang.weight_dir, refused before anything loads or touches the bucket."""
+  config = _config("grpo", "runs/tiny_model", **{"rollout.engine": "sglang"})
+  with pytest.raises(ValueError, match=r"config\.rollout\.sglang\.weight_dir is empty and the "
+                     r"workdir gs://bucket/run is a bucket URL"):
+    trainer._prepare(config, "gs://bucket/run")
+  config = _config("grpo", "runs/tiny_model", **{"rollout.engine": "sglang",
+                                                 "rollout.sglang.weight_dir": str(tmp_path)})
+  with config.unlocked():
+    config.workdir = "gs://bucket/run"
+  assert trainer._weight_dir(config) == str(tmp_path)
+  with config.unlocked():
+    config.workdir, config.rollout.sglang.weight_dir = str(tmp_path / "run"), ""
+  assert trainer._weight_dir(config) == str(tmp_path / "run" / "weights")
