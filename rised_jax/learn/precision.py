@@ -1,8 +1,8 @@
 """Mixed precision: float32 master weights, compute-dtype copies for what only runs forward.
 
 The train state keeps the parameters and the Adam moments in `model.param_dtype` (float32 by
-default): an AdamW update at a small learning rate is far below bfloat16's spacing (2^-8
-relative), so bf16 master weights round most updates away. The decoder casts each parameter to
+default): an AdamW update at a small learning rate is far below bfloat16's spacing (8
+significant bits: 2^-7 relative), so bf16 master weights round most updates away. The decoder casts each parameter to
 its compute dtype where it uses it (`Decoder(dtype=compute, param_dtype=master)`), so the
 gradient of that cast hands float32 gradients to the float32 master.
 
@@ -31,9 +31,9 @@ def _key(path) -> PathKey:
                for k in path if not isinstance(k, jax.tree_util.GetAttrKey))
 
 
-def float32_param_paths(model: nnx.Module) -> frozenset[PathKey]:
-  """Paths (in `nnx.state(model, nnx.Param)`) of the parameters the forward uses uncast: the
-  RMSNorm scales."""
+def uncast_param_paths(model: nnx.Module) -> frozenset[PathKey]:
+  """Paths (in `nnx.state(model, nnx.Param)`) of the parameters the forward uses as stored,
+  not cast to the compute dtype: the RMSNorm scales (applied in float32)."""
   return frozenset(_key((*path, "scale")) for path, node in nnx.iter_graph(model)
                    if isinstance(node, RMSNorm))
 

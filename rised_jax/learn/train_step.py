@@ -12,8 +12,8 @@ sequence chunk at a time and reduces them to per-token log-probs, entropies and 
 From those [B, T] arrays: the clipped policy-gradient loss on per-token advantages (optionally
 edited by CriPO's counterfactual teacher, a second stop-gradient forward), the distillation
 loss on `distill_mask` (optionally localised, CriPO's UC branch), and the optional
-reference-KL penalty to the frozen initial policy (a third stop-gradient forward, over the
-student rows, with `ref_params`). Every part is a (sum, denominator) pair; denominators are computed over
+reference-KL penalty to the frozen initial policy (a stop-gradient forward of the student rows
+with `ref_params`). Every part is a (sum, denominator) pair; denominators are computed over
 the whole batch first, so accumulation over micro-batches and data-parallel shards gives the
 exact global mean (`micro_batches` only trades memory for time). The one denominator that
 depends on the forward pass, CriPO's kept-token count, comes from a stop-gradient pre-pass
@@ -500,8 +500,8 @@ class Trainable:
   mesh: Mesh
   state_shardings: Any
   step: Callable[[TrainState, Mapping[str, Array]], tuple[TrainState, dict[str, Array]]]
-  compute_dtype: Any = jnp.float32
-  float32_paths: frozenset = frozenset()   # `precision.float32_param_paths` of the model
+  compute_dtype: Any
+  uncast_paths: frozenset   # `precision.uncast_param_paths` of the model
 
   def model(self, state: TrainState) -> nnx.Module:
     """The model with the state's (master) parameters."""
@@ -510,10 +510,8 @@ class Trainable:
   def compute_model(self, state: TrainState) -> nnx.Module:
     """The model with the state's parameters as the forward sees them (compute dtype): what the
     sampler holds and what weight sync exports. The same arrays when the dtypes agree."""
-    return nnx.merge(self.graphdef, self.compute_params(state.params), self.rest)
-
-  def compute_params(self, params: Any, *, copy: bool = False) -> Any:
-    return precision.compute_params(params, self.compute_dtype, self.float32_paths, copy=copy)
+    params = precision.compute_params(state.params, self.compute_dtype, self.uncast_paths)
+    return nnx.merge(self.graphdef, params, self.rest)
 
   def put_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, Array]:
     """Checks the batch keys and places this process's rows as the global batch."""
@@ -536,7 +534,7 @@ def create(model: nnx.Module, optimizer: optax.GradientTransformation, config: S
            mesh: Mesh, *, seed: int = 0,
            rules: Mapping[str, str | None] = parallel.LOGICAL_RULES) -> tuple[Trainable, TrainState]:
   """Shards the model's parameters over `mesh`, builds the train state and the jitted step."""
-  float32_paths = precision.float32_param_paths(model)
+  uncast_paths = precision.uncast_param_paths(model)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   param_shardings = parallel.state_shardings(params, mesh, rules)
   params = jax.device_put(params, param_shardings)
@@ -552,7 +550,7 @@ def create(model: nnx.Module, optimizer: optax.GradientTransformation, config: S
   ref_params = ref_shardings = None
   if config.needs_ref_params:   # a copy: the step donates `params`
     ref_params = jax.device_put(
-        precision.compute_params(params, model.dtype, float32_paths, copy=True), param_shardings)
+        precision.compute_params(params, model.dtype, uncast_paths, copy=True), param_shardings)
     ref_shardings = param_shardings
   state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), replicated), params=params,
                      opt_state=opt_state,
@@ -567,4 +565,4 @@ def create(model: nnx.Module, optimizer: optax.GradientTransformation, config: S
                    out_shardings=(state_shardings, replicated), donate_argnums=0)
   return Trainable(graphdef=graphdef, rest=rest, optimizer=optimizer, config=config, mesh=mesh,
                    state_shardings=state_shardings, step=jitted, compute_dtype=model.dtype,
-                   float32_paths=float32_paths), state
+                   uncast_paths=uncast_paths), state
