@@ -16,7 +16,7 @@ from rised_jax import config as config_lib, parallel, trainer
 from rised_jax.learn import batching, train_step
 from rised_jax.model import ModelConfig, from_config, tiny
 from tests import step_fixtures
-from tests.test_trainer import _config
+from tests.test_trainer import REPO, _config, load_config_file
 
 
 def _cfg():
@@ -137,6 +137,5 @@ def test_the_old_dtype_key_is_refused_naming_the_new_ones():
 @pytest.mark.parametrize("name", ["rised_qwen3_multienv.py", "cripo_qwen3_1p7b.py",
                                   "cripo_qwen3_4b.py", "compare_qwen3_0p6b_1gpu.py"])
 def test_paper_scale_configs_keep_float32_master_weights(name):
-  from tests.test_trainer import REPO, load_config_file  # noqa: PLC0415
   config = load_config_file(REPO / "experiments" / "configs" / name, None)
   assert (config.model.param_dtype, config.model.compute_dtype) == ("float32", "bfloat16")

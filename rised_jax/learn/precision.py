@@ -2,9 +2,10 @@
 
 The train state keeps the parameters and the Adam moments in `model.param_dtype` (float32 by
 default): an AdamW update at a small learning rate is far below bfloat16's spacing (8
-significant bits: 2^-7 relative), so bf16 master weights round most updates away. The decoder casts each parameter to
-its compute dtype where it uses it (`Decoder(dtype=compute, param_dtype=master)`), so the
-gradient of that cast hands float32 gradients to the float32 master.
+significant bits: 2^-7 relative), so bf16 master weights round most updates away. The decoder
+casts each parameter to its compute dtype where it uses it (`Decoder(dtype=compute,
+param_dtype=master)`), so the gradient of that cast hands float32 gradients to the float32
+master.
 
 What only runs forward needs no master copy: the sampler's weights, the exported weights and
 the frozen reference policy hold `compute_params`, the parameters as the forward sees them —
