@@ -64,7 +64,11 @@ def default_config() -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict()
   c.model.source = "smollm2-135m-instruct"   # HF dir, .gguf path, or packaged name
-  c.model.dtype = "float32"
+  # Master weights and Adam state (float32: a small update rounds away in bfloat16), and the
+  # dtype of activations, matmuls, the sampler's and the exported weights (bfloat16 on
+  # accelerators). See rised_jax/learn/precision.py.
+  c.model.param_dtype = "float32"
+  c.model.compute_dtype = "float32"
   c.model.remat = False
 
   c.envs = ml_collections.ConfigDict()
@@ -78,8 +82,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.sglang = ml_collections.ConfigDict()
   c.rollout.sglang.timeout_s = 600.0       # deadline of one HTTP request as a whole
   c.rollout.sglang.retries = 3             # retries of a failed or invalid request
-  # Weight exports for /update_weights_from_disk: a path the server reads as it is (a local
-  # or shared filesystem, never a bucket URL); "": WORKDIR/weights.
+  # Where weight sync exports each version for the server to load: a directory on a filesystem
+  # the SGLang host reads ("" = <workdir>/weights; needed when the workdir is a bucket URL).
   c.rollout.sglang.weight_dir = ""
   c.rollout.group_size = 4                 # G
   c.rollout.temperature = 1.0
@@ -335,6 +339,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   """
   from rised_jax import envs  # noqa: PLC0415 - keeps `config` importable without the envs
 
+  _check_replaced_keys(config)
   _check_known_keys(config, default_config())
   _check_values(config)
   _check_mesh(config, num_devices)
@@ -384,8 +389,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   if config.advantage not in advantages.ADVANTAGES:
     raise ValueError(f"config.advantage={config.advantage!r}: expected one of "
                      f"{sorted(advantages.ADVANTAGES)}")
-  if config.model.dtype not in ("float32", "bfloat16"):
-    raise ValueError(f"config.model.dtype={config.model.dtype!r}: expected float32 or bfloat16")
+  for key in ("param_dtype", "compute_dtype"):
+    if config.model[key] not in MODEL_DTYPES:
+      raise ValueError(f"config.model.{key}={config.model[key]!r}: expected one of "
+                       f"{MODEL_DTYPES}")
   if config.pipeline == "rubric":
     _validate_rubric(config)
 
@@ -441,6 +448,21 @@ def _validate_rubric(config: ml_collections.ConfigDict) -> None:
 
 # ----------------------------------------------------------------------------- value checks
 # Each error names the key, the value and what is expected.
+
+MODEL_DTYPES = ("float32", "bfloat16")
+
+
+def _check_replaced_keys(config: ml_collections.ConfigDict) -> None:
+  """`model.dtype` set both the master-weight and the compute dtype; it is refused by name (a
+  silent alias would keep bfloat16 master weights, whose updates round away)."""
+  if "model" in config and "dtype" in config.model:
+    raise ValueError(
+        f"config.model.dtype={config.model.dtype!r}: this key was replaced by "
+        "config.model.compute_dtype (activations, matmuls, the sampler's and the exported "
+        "weights) and config.model.param_dtype (master weights and Adam state, default "
+        "float32); for a bfloat16 run set model.compute_dtype='bfloat16' and keep "
+        "model.param_dtype='float32'")
+
 
 # Subtrees whose keys are free-form (checked by the stage that reads them).
 _FREE_FORM = ("envs.difficulty", "rubric.eval_groups")
@@ -557,9 +579,6 @@ def _check_stages(config: ml_collections.ConfigDict) -> None:
   from rised_jax.rubrics import registry  # noqa: PLC0415
 
   step = step_config(config)
-  if step.ref_kl_coef > 0:
-    raise ValueError(f"config.step.ref_kl_coef={step.ref_kl_coef}: no stage produces reference "
-                     "log-probs yet (the step would need batch['ref_logprobs']); expected 0")
   _named("config.select", lambda: registry.check("selector", select.SELECTORS,
                                                  config.select.name,
                                                  config.select.options.to_dict()))

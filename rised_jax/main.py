@@ -73,7 +73,7 @@ def _config(evaluating: bool):
   its preset), or for `rised-eval` without --config the run's saved config.json."""
   from rised_jax import config as config_lib  # noqa: PLC0415 - after flag parsing
   if _CONFIG.value is None:
-    saved = epath.Path(_WORKDIR.value) / "config.json"
+    saved = _workdir() / "config.json"
     if evaluating and saved.exists():
       return ml_collections.ConfigDict(json.loads(saved.read_text()))
     raise app.UsageError("--config is required" + (
@@ -83,6 +83,12 @@ def _config(evaluating: bool):
   if "algorithm" in overrides:
     config_lib.reapply_preset(config, overrides)
   return config
+
+
+def _workdir() -> epath.Path:
+  """--workdir as the trainer resolves it (a file:// URL is a local path, gs://… verbatim)."""
+  from rised_jax import trainer  # noqa: PLC0415 - after flag parsing
+  return trainer.resolve_workdir(_WORKDIR.value)
 
 
 def _prepare(evaluating: bool = False):
@@ -124,7 +130,7 @@ def _eval(argv):
   text = json.dumps(results, indent=2, sort_keys=True)
   print(text)
   if jax.process_index() == 0:
-    path = _free_path(epath.Path(_WORKDIR.value) / f"eval_checkpoint_{step}.json")
+    path = _free_path(_workdir() / f"eval_checkpoint_{step}.json")
     path.write_text(text + "\n")
     print(f"wrote {path}")
 
@@ -132,7 +138,8 @@ def _eval(argv):
 def _latest_step(workdir: str) -> int:
   """The newest checkpoint's step, found before any model is loaded."""
   from rised_jax import checkpoint  # noqa: PLC0415
-  directory = epath.Path(workdir) / "checkpoints"
+  from rised_jax import trainer  # noqa: PLC0415
+  directory = trainer.resolve_workdir(workdir) / "checkpoints"
   step = None
   if directory.exists():
     checkpointer = checkpoint.Checkpointer(directory)

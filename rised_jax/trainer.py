@@ -28,6 +28,8 @@ import dataclasses
 import json
 import os
 import time
+import urllib.parse
+import urllib.request
 from typing import Any
 
 import jax
@@ -87,13 +89,28 @@ def _say(message: str) -> None:
     tqdm.tqdm.write(message)
 
 
+# URL schemes etils.epath reads and writes (gpath's backends).
+BUCKET_SCHEMES = ("gs", "s3", "az")
+
+
 def resolve_workdir(workdir: str | os.PathLike) -> epath.Path:
   """The run directory, resolved once: a bucket URL (gs://…) verbatim, a local path absolute
-  (orbax needs absolute paths, and `runs/x` and `$PWD/runs/x` must be the same run)."""
+  (orbax needs absolute paths, and `runs/x` and `$PWD/runs/x` must be the same run). A
+  file:// URL names a local directory (epath has no file:// backend): its absolute path."""
   text = os.fspath(workdir)
-  if "://" in text:
-    return epath.Path(text)
-  return epath.Path(os.path.abspath(os.path.expanduser(text)))
+  scheme, sep, rest = text.partition("://")
+  if not sep:
+    return epath.Path(os.path.abspath(os.path.expanduser(text)))
+  if scheme == "file":
+    parsed = urllib.parse.urlparse(text)
+    if parsed.netloc not in ("", "localhost"):
+      raise ValueError(f"workdir {text!r}: a file:// URL must name a local path "
+                       f"(file:///abs/path), not the host {parsed.netloc!r}")
+    return epath.Path(os.path.abspath(urllib.request.url2pathname(parsed.path)))
+  if scheme not in BUCKET_SCHEMES or not rest:
+    raise ValueError(f"workdir {text!r}: expected a local path, a file:// URL or a bucket URL "
+                     f"({', '.join(s + '://bucket/path' for s in BUCKET_SCHEMES)})")
+  return epath.Path(text)
 
 
 def _engine(config: ml_collections.ConfigDict, model, tokenizer):
@@ -106,15 +123,26 @@ def _engine(config: ml_collections.ConfigDict, model, tokenizer):
                      reuse_prefix=config.rollout.reuse_prefix)
   from rised_jax.rollout.sglang_engine import SGLangEngine  # noqa: PLC0415
   return SGLangEngine(config.rollout.sglang_url, tokenizer=tokenizer,
-                      weight_dir=(config.rollout.sglang.weight_dir or
-                                  os.fspath(epath.Path(config.workdir) / "weights")),
+                      weight_dir=_weight_dir(config),
                       timeout_s=config.rollout.sglang.timeout_s,
                       max_retries=config.rollout.sglang.retries,
-                      vocab_size=model.cfg.vocab_size)
+                      vocab_size=model.cfg.vocab_size,
+                      export_dtype=config.model.compute_dtype)
 
 
-# Where the workdir is, is not part of what the run is (a moved or differently spelled
-# workdir is the same run).
+def _weight_dir(config: ml_collections.ConfigDict) -> str:
+  """The local directory the SGLang weight sync exports into (the server loads from a path)."""
+  if config.rollout.sglang.weight_dir:
+    return os.path.abspath(os.path.expanduser(config.rollout.sglang.weight_dir))
+  if "://" in config.workdir:
+    raise ValueError(f"config.rollout.sglang.weight_dir is empty and the workdir "
+                     f"{config.workdir} is a bucket URL: SGLang loads the synced weights from a "
+                     "directory on its host, so give a local or shared-filesystem path")
+  return os.fspath(epath.Path(config.workdir) / "weights")
+
+
+# Where the workdir (or the weight-sync scratch) is, is not part of what the run is (a moved or
+# differently spelled workdir is the same run).
 _CONFIG_KEYS_IGNORED = ("workdir", "rollout.sglang.weight_dir")
 
 
@@ -155,15 +183,18 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> e
   workdir = resolve_workdir(workdir)
   with config.unlocked():
     config.workdir = os.fspath(workdir)
+  if config.rollout.engine == "sglang":
+    _weight_dir(config)
   _check_saved_config(workdir, config)
   return workdir
 
 
 def _load_model(config: ml_collections.ConfigDict):
-  _say(f"loading model {config.model.source} ({config.model.dtype})…")
+  m = config.model
+  _say(f"loading model {m.source} ({m.param_dtype} weights, {m.compute_dtype} compute)…")
   start = time.perf_counter()
-  model, tokenizer = model_lib.from_pretrained(config.model.source, dtype=config.model.dtype,
-                                               remat=config.model.remat)
+  model, tokenizer = model_lib.from_pretrained(m.source, dtype=m.compute_dtype,
+                                               param_dtype=m.param_dtype, remat=m.remat)
   params = jax.tree.leaves(nnx.state(model, nnx.Param))
   count = sum(int(np.prod(p.shape)) for p in params)
   size = sum(int(np.prod(p.shape)) * p.dtype.itemsize for p in params)
@@ -181,7 +212,7 @@ def build(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Run:
   optimizer = train_step.make_optimizer(config_lib.optimizer_config(config))
   trainable, state = train_step.create(model, optimizer, config_lib.step_config(config), mesh,
                                        seed=config.seed)
-  engine = _engine(config, trainable.model(state), tokenizer)
+  engine = _engine(config, trainable.compute_model(state), tokenizer)
   run = Run(config=config, tokenizer=tokenizer, trainable=trainable, state=state,
             engine=engine, pipeline=pipelines.make_pipeline(config, engine, tokenizer),
             checkpointer=_checkpointer(config, workdir),
@@ -242,8 +273,9 @@ def _compile_seconds():
 
 
 def sync_weights(run: Run, version: int) -> None:
-  """The sampler must see the new parameters (the step donated the old buffers)."""
-  run.engine.update_weights(run.trainable.model(run.state), version)
+  """The sampler must see the new parameters (the step donated the old buffers), in the compute
+  dtype: the in-process sampler holds them, the SGLang engine exports them."""
+  run.engine.update_weights(run.trainable.compute_model(run.state), version)
 
 
 def run_evaluation(run: Run, step: int) -> dict[str, dict[str, float]]:

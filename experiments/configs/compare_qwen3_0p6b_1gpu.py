@@ -8,9 +8,10 @@ rised_no_teacher,rised_no_guidance,rised_select_success,rised_generic_teacher,ri
 (`--list` instead prints the 36 commands, for a scheduler with several accelerators.)
 Argument: the preset (rised-compare supplies it). The in-process JAX sampler (one process holds
 policy and sampler, so no second server competes for the device), the rule-based judge (offline,
-deterministic), bfloat16 with remat. K = 4B (32 candidate groups, 8 trained on), the regime in
-which RISED's selection differs from a random subset (select/rised.py); grpo_matched rolls out
-the same 32 groups per step as RISED. 64 held-out episodes per environment.
+deterministic), bfloat16 compute over float32 master weights, with remat. K = 4B (32
+candidate groups, 8 trained on), the regime in which RISED's selection differs from a random
+subset (select/rised.py); grpo_matched rolls out the same 32 groups per step as RISED. 64
+held-out episodes per environment.
 Hardware: one GPU with ≥ 40 GB (H100 / H200 / A100-80GB) or a TPU v5e/v6e chip.
 Expected time — NOT MEASURED: this config has not been run. A guess from the CPU runs' stage
 timings (rollout dominates: 32 groups × 8 episodes × ≤ 4 turns of ≤ 48 tokens per step) is
@@ -26,7 +27,7 @@ def get_config(arg: str | None = None):
   c = config_lib.default_config()
   c.algorithm = arg or "rised"
   c.model.source = os.environ.get("QWEN3_0P6B_DIR", "checkpoints/Qwen3-0.6B")
-  c.model.dtype = "bfloat16"
+  c.model.compute_dtype = "bfloat16"   # float32 master weights and Adam state (param_dtype)
   c.model.remat = True
   c.envs.names = ["frozenlake", "maze", "sokoban", "countdown"]
   c.envs.difficulty.frozenlake = dict(size=4, holes=2, min_distance=2, max_turns=4)

@@ -42,7 +42,7 @@ def paper_config(arg: str | None, *, model: str, beta: float):
   c = config_lib.default_config()
   c.algorithm = preset
   c.model.source = f"/models/{model}"
-  c.model.dtype = "bfloat16"
+  c.model.compute_dtype = "bfloat16"   # float32 master weights and Adam state (param_dtype)
   c.model.remat = True
   c.rollout.engine = "sglang"
   c.rollout.sglang_url = "http://127.0.0.1:30000"
@@ -66,7 +66,7 @@ def paper_config(arg: str | None, *, model: str, beta: float):
   c = config_lib.apply_preset(c)
   if "local" in flags:
     c.model.source = "runs/tiny_model"
-    c.model.dtype = "float32"
+    c.model.compute_dtype = "float32"
     c.model.remat = False
     c.rollout.engine = "jax"
     c.rollout.group_size = 4

@@ -44,7 +44,7 @@ def get_config(arg: str | None = None):
   c = config_lib.default_config()
   c.algorithm = algorithm
   c.model.source = os.environ.get(f"QWEN3_{size.upper().replace('.', 'P')}_DIR", model_dir)
-  c.model.dtype = "bfloat16"
+  c.model.compute_dtype = "bfloat16"   # float32 master weights and Adam state (param_dtype)
   c.model.remat = True
   c.envs.names = ["sokoban", "frozenlake", "countdown", "wordle", "household", "maze"]
   c.rollout.engine = "sglang"
@@ -71,7 +71,7 @@ def get_config(arg: str | None = None):
   c.batching.response_multiple = 1024
   if "local" in flags:
     c.model.source = "runs/tiny_model"
-    c.model.dtype = "float32"
+    c.model.compute_dtype = "float32"
     c.model.remat = False
     c.envs.names = ["frozenlake", "maze"]
     c.rollout.engine = "jax"

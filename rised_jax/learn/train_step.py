@@ -12,7 +12,8 @@ sequence chunk at a time and reduces them to per-token log-probs, entropies and 
 From those [B, T] arrays: the clipped policy-gradient loss on per-token advantages (optionally
 edited by CriPO's counterfactual teacher, a second stop-gradient forward), the distillation
 loss on `distill_mask` (optionally localised, CriPO's UC branch), and the optional
-reference-KL penalty. Every part is a (sum, denominator) pair; denominators are computed over
+reference-KL penalty to the frozen initial policy (a stop-gradient forward of the student rows
+with `ref_params`). Every part is a (sum, denominator) pair; denominators are computed over
 the whole batch first, so accumulation over micro-batches and data-parallel shards gives the
 exact global mean (`micro_batches` only trades memory for time). The one denominator that
 depends on the forward pass, CriPO's kept-token count, comes from a stop-gradient pre-pass
@@ -36,7 +37,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rised_jax import parallel
-from rised_jax.learn import chunked, cripo, losses
+from rised_jax.learn import chunked, cripo, losses, precision
 
 Array = jax.Array
 TEACHERS = ("live", "ema", "frozen")
@@ -77,7 +78,7 @@ class StepConfig:
   importance_cap: float | None = 2.0       # truncated behaviour importance weight C
   behaviour_weight: bool = True             # False: w_t = 1 (the no-correction control)
   seq_len_norm: float = 1.0                 # L_norm of seq-mean-token-sum-norm
-  # reference KL (needs batch["ref_logprobs"])
+  # reference KL to the initial policy (its frozen parameters are `TrainState.ref_params`)
   ref_kl_coef: float = 0.0
   ref_kl_estimator: str = "k3"
   # distillation (§1.3, §1.4); beta = 0 switches the teacher off entirely
@@ -139,14 +140,16 @@ class StepConfig:
   def needs_teacher_params(self) -> bool:
     return (self.distills or self.counterfactual) and self.teacher != "live"
 
+  @property
+  def needs_ref_params(self) -> bool:
+    return self.ref_kl_coef > 0
+
   def required_keys(self) -> tuple[str, ...]:
     keys = ["input_ids", "attention_mask", "loss_mask", "advantages"]
     if self.distills:
       keys += ["teacher_input_ids", "teacher_attention_mask", "distill_mask"]
     if self.counterfactual:
       keys += ["cf_teacher_input_ids", "cf_teacher_attention_mask", "cf_mask"]
-    if self.ref_kl_coef > 0:
-      keys += ["ref_logprobs"]
     return tuple(keys)
 
 
@@ -160,6 +163,9 @@ class TrainState:
   opt_state: Any
   rng: Array                   # uint32 [2] raw key (checkpoint-friendly)
   teacher_params: Any = None   # EMA or frozen teacher; None for the live teacher
+  # The initial policy of the reference KL, as the forward sees it (`precision.compute_params`:
+  # compute dtype, half the memory of float32 master weights under bf16); None without it.
+  ref_params: Any = None
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -288,8 +294,19 @@ def kept_token_mask(params, rest, teacher_params, graphdef, config: StepConfig,
   return _merge_micro(kept)
 
 
-def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig, mb: Mapping[str, Array],
-                denominators: Mapping[str, Array], beta: Array):
+def _reference_logprobs(ref_params, graphdef, rest, config: StepConfig,
+                        mb: Mapping[str, Array]) -> Array:
+  """log π_ref(y_t) of the student rows' tokens, float32 [B, T] (target columns), no gradient."""
+  ref_model = nnx.merge(graphdef, jax.lax.stop_gradient(ref_params), rest)
+  hidden = ref_model.hidden_states(mb["input_ids"], mb["attention_mask"])
+  logprob, _ = chunked.teacher_token_stats_chunked(hidden, ref_model.logits, mb["input_ids"],
+                                                   chunk=config.chunk)
+  return logprob
+
+
+def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig,
+                mb: Mapping[str, Array], denominators: Mapping[str, Array], beta: Array,
+                ref_params=None):
   """Loss of one micro-batch, already divided by the global denominators, plus metric sums."""
   model = nnx.merge(graphdef, params, rest)
   loss_mask = mb["loss_mask"].astype(jnp.float32)
@@ -344,7 +361,8 @@ def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig, mb: 
     metrics.update(distill_loss=distill_sum, kept_tokens=distill_mask.sum())
 
   if config.ref_kl_coef > 0:
-    ref_kl = losses.reference_kl(stats.logprob, mb["ref_logprobs"], loss_mask,
+    ref_logprobs = _reference_logprobs(ref_params, graphdef, rest, config, mb)
+    ref_kl = losses.reference_kl(stats.logprob, ref_logprobs, loss_mask,
                                  estimator=config.ref_kl_estimator)
     ref_sum, _ = losses.AGGREGATIONS[config.aggregation](ref_kl, loss_mask,
                                                          seq_len_norm=config.seq_len_norm)
@@ -393,21 +411,22 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
     def accumulate(carry, mb):
       grads, loss, metric_sums = carry
       (mb_loss, mb_metrics), mb_grads = grad_fn(state.params, rest, state.teacher_params,
-                                                graphdef, config, mb, denominators, beta)
+                                                graphdef, config, mb, denominators, beta,
+                                                state.ref_params)
       grads = jax.tree.map(jnp.add, grads, mb_grads)
       metric_sums = jax.tree.map(jnp.add, metric_sums, mb_metrics)
       return (grads, loss + mb_loss, metric_sums), None
 
     if config.micro_batches == 1:
       (loss, metric_sums), grads = grad_fn(state.params, rest, state.teacher_params, graphdef,
-                                           config, batch, denominators, beta)
+                                           config, batch, denominators, beta, state.ref_params)
     else:
       # The first micro-batch starts the accumulators (no eval_shape of the loss: tracing a
       # model merged from outer-trace values breaks nnx.remat's trace-level check).
       micro = _split_micro(batch, config.micro_batches)
       (loss, metric_sums), grads = grad_fn(
           state.params, rest, state.teacher_params, graphdef, config,
-          {k: v[0] for k, v in micro.items()}, denominators, beta)
+          {k: v[0] for k, v in micro.items()}, denominators, beta, state.ref_params)
       (grads, loss, metric_sums), _ = jax.lax.scan(
           accumulate, (grads, loss, metric_sums), {k: v[1:] for k, v in micro.items()})
 
@@ -453,7 +472,8 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
 
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                            rng=jax.random.split(state.rng)[0] if state.rng.ndim == 1
-                           else state.rng, teacher_params=teacher_params)
+                           else state.rng, teacher_params=teacher_params,
+                           ref_params=state.ref_params)
     # A non-finite loss or gradient (or an update that overflows the parameters) applies
     # nothing: the whole state, step counter and RNG included, stays bit-identical, so
     # `state.step` counts applied updates and the trainer decides when to give up.
@@ -480,10 +500,18 @@ class Trainable:
   mesh: Mesh
   state_shardings: Any
   step: Callable[[TrainState, Mapping[str, Array]], tuple[TrainState, dict[str, Array]]]
+  compute_dtype: Any
+  uncast_paths: frozenset   # `precision.uncast_param_paths` of the model
 
   def model(self, state: TrainState) -> nnx.Module:
-    """The model with the state's parameters (for sampling, export, evaluation)."""
+    """The model with the state's (master) parameters."""
     return nnx.merge(self.graphdef, state.params, self.rest)
+
+  def compute_model(self, state: TrainState) -> nnx.Module:
+    """The model with the state's parameters as the forward sees them (compute dtype): what the
+    sampler holds and what weight sync exports. The same arrays when the dtypes agree."""
+    params = precision.compute_params(state.params, self.compute_dtype, self.uncast_paths)
+    return nnx.merge(self.graphdef, params, self.rest)
 
   def put_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, Array]:
     """Checks the batch keys and places this process's rows as the global batch."""
@@ -506,6 +534,7 @@ def create(model: nnx.Module, optimizer: optax.GradientTransformation, config: S
            mesh: Mesh, *, seed: int = 0,
            rules: Mapping[str, str | None] = parallel.LOGICAL_RULES) -> tuple[Trainable, TrainState]:
   """Shards the model's parameters over `mesh`, builds the train state and the jitted step."""
+  uncast_paths = precision.uncast_param_paths(model)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   param_shardings = parallel.state_shardings(params, mesh, rules)
   params = jax.device_put(params, param_shardings)
@@ -518,15 +547,22 @@ def create(model: nnx.Module, optimizer: optax.GradientTransformation, config: S
   if config.needs_teacher_params:
     teacher_params = jax.tree.map(jnp.copy, params)
     teacher_shardings = param_shardings
+  ref_params = ref_shardings = None
+  if config.needs_ref_params:   # a copy: the step donates `params`
+    ref_params = jax.device_put(
+        precision.compute_params(params, model.dtype, uncast_paths, copy=True), param_shardings)
+    ref_shardings = param_shardings
   state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), replicated), params=params,
                      opt_state=opt_state,
                      rng=jax.device_put(jax.random.key_data(jax.random.key(seed)), replicated),
-                     teacher_params=teacher_params)
+                     teacher_params=teacher_params, ref_params=ref_params)
   state_shardings = TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings,
-                               rng=replicated, teacher_params=teacher_shardings)
+                               rng=replicated, teacher_params=teacher_shardings,
+                               ref_params=ref_shardings)
   step_fn = make_step_fn(graphdef, rest, optimizer, config)
   # The batch keeps the shardings `Trainable.put_batch` gave it.
   jitted = jax.jit(step_fn, in_shardings=(state_shardings, None),
                    out_shardings=(state_shardings, replicated), donate_argnums=0)
   return Trainable(graphdef=graphdef, rest=rest, optimizer=optimizer, config=config, mesh=mesh,
-                   state_shardings=state_shardings, step=jitted), state
+                   state_shardings=state_shardings, step=jitted, compute_dtype=model.dtype,
+                   uncast_paths=uncast_paths), state
