@@ -33,6 +33,8 @@ EXTRAS_REQUIRE = {
     # The torch reference for logit parity tests only; the CPU build. Never a runtime dependency.
     "ref": ["torch==2.13.0"],
     "test": ["pytest==9.0.3", "pytest-timeout==2.4.0"],
+    # Weights & Biases logging beside TensorBoard (train.wandb=True; offline unless WANDB_MODE).
+    "wandb": ["wandb==0.31.0"],
 }
 
 setuptools.setup(
