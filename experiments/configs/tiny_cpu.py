@@ -27,22 +27,7 @@ def get_config(arg: str | None = None):
   c.rollout.max_batch = 64
   c.rollout.prompt_buckets = [256, 512, 1024]
   c.rollout.new_token_buckets = [8, 32]
-  if "learn" in flags:
-    # One move on a 3x3 lake with 2 holes, start next to the goal: the winning move (up, down,
-    # left or right, about a quarter each) is read from the observation's coordinates.
-    c.envs.names = ["frozenlake"]
-    c.envs.difficulty.frozenlake = dict(size=3, holes=2, min_distance=1, max_turns=1)
-    c.rollout.group_size = 8
-    c.rollout.max_new_tokens_per_turn = 1
-    c.rollout.max_total_tokens = 256
-    c.rollout.prompt_buckets = [256]
-    c.rollout.new_token_buckets = [8]
-    c.select.pool_groups = 16
-    c.select.batch_groups = 4
-    c.optim.learning_rate = 3e-3
-    c.train.steps = 40
-    c.eval.episodes_per_env = 128
-  elif "easy" in flags:
+  if "easy" in flags:
     # Mazes one step from the exit, which may lie ahead (forward), to a side (turn, forward)
     # or two cells ahead: the right first move must be read from the observation.
     c.envs.names = ["maze"]
