@@ -39,6 +39,9 @@ EXTRAS_REQUIRE = {
     "scienceworld": ["scienceworld==1.2.3", "py4j==0.10.9.9"],
     "twx": ["textworld-express==1.1.0", "py4j==0.10.9.9", "orjson==3.13.0",
             "prompt-toolkit==3.0.53"],
+
+    # Weights & Biases logging beside TensorBoard (train.wandb=True; offline unless WANDB_MODE).
+    "wandb": ["wandb==0.31.0"],
 }
 
 setuptools.setup(

@@ -6,8 +6,10 @@ Episodes at each environment's default difficulty, played by an oracle+random mi
 successes and failures both occur: episode i plays, each turn, the oracle's next action with
 probability p_i = (i mod 5) / 4 and a uniformly random action of `action_space()` otherwise.
 Every episode is judged by `RuleBasedJudge`; the table gives the success rate, the base rate
-max(p, 1 - p) and the accuracy of the best rule on the tag vector
-(`rule_judge.success_predictability`). Seconds on one core.
+max(p, 1 - p), the accuracy of the best rule on the whole tag vector
+(`rule_judge.success_predictability`, an in-sample upper bound), the accuracy of the best
+one-tag threshold rule (`best_single_tag_accuracy`) and the share of the outcome's entropy the
+tag vector explains (`success_information`, I(V; S) / H(S)). Seconds on one core.
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ def mixed_episode(name: str, seed: int, p_oracle: float, rng: random.Random) -> 
 
 
 def predictability(judge: rubrics.Judge, episodes: int, seed: int = 0) -> dict[str, dict]:
-  """{env: {success_rate, base_rate, success_from_tags}} over `episodes` mixed episodes."""
+  """{env: {success_rate, base_rate, success_from_tags, best_single_tag, information}} over
+  `episodes` mixed episodes."""
   table = {}
   for name in envs.names():
     rng = random.Random(seed)
@@ -44,7 +47,9 @@ def predictability(judge: rubrics.Judge, episodes: int, seed: int = 0) -> dict[s
     successes = np.asarray([t.success for t in trajectories])
     accuracy, base = rule_judge.success_predictability(tags, successes)
     table[name] = {"success_rate": float(successes.mean()), "base_rate": base,
-                   "success_from_tags": accuracy}
+                   "success_from_tags": accuracy,
+                   "best_single_tag": rule_judge.best_single_tag_accuracy(tags, successes),
+                   "information": rule_judge.success_information(tags, successes)}
   return table
 
 
@@ -54,10 +59,12 @@ def main() -> None:
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args()
   judge = rubrics.RuleBasedJudge(rubrics.Vocabulary.load("agentic_v1"))
-  print("| env | success rate | base rate | success from tags |\n|---|---|---|---|")
+  print("| env | success rate | base rate | success from tags | best single tag | I(V;S)/H(S) |\n"
+        "|---|---|---|---|---|---|")
   for name, row in predictability(judge, args.episodes, args.seed).items():
     print(f"| {name} | {row['success_rate']:.3f} | {row['base_rate']:.3f} | "
-          f"{row['success_from_tags']:.3f} |")
+          f"{row['success_from_tags']:.3f} | {row['best_single_tag']:.3f} | "
+          f"{row['information']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -140,6 +140,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 2
   c.train.log_every = 1
   c.train.max_nonfinite_steps = 3          # consecutive skipped (non-finite) steps end the run
+  c.train.wandb = False                    # also log the scalars to W&B (offline; wandb_log.py)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.episodes_per_env = 16
@@ -539,6 +540,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.log_every": _int_at_least(1),
     "train.max_nonfinite_steps": (_int_at_least(1)[0], "an integer >= 1 (consecutive non-finite "
                                                        "steps after which the run stops)"),
+    "train.wandb": ((lambda v: isinstance(v, bool)), "True or False"),
     "eval.episodes_per_env": _int_at_least(1),
     "eval.seed_offset": _int_at_least(0),
     "eval.temperature": (_number_at_least(0)[0], "a finite number >= 0 (0: greedy)"),

@@ -261,7 +261,8 @@ class RunLog:
   arguments and returns as usual but nothing is written.
   """
 
-  def __init__(self, workdir: str | os.PathLike[str], *, enabled: bool = True):
+  def __init__(self, workdir: str | os.PathLike[str], *, enabled: bool = True,
+               wandb: Any = None):
     workdir = epath.Path(workdir)
     if workdir.exists() and not workdir.is_dir():
       raise ValueError(f"RunLog: workdir={os.fspath(workdir)!r} exists and is not a directory")
@@ -272,6 +273,8 @@ class RunLog:
     self._wall_offset = 0.0
     self._next_group: dict[int, int] = {}   # step -> index of the next group logged at it
     self._events: _EventFile | None = None
+    # A `wandb_log.WandbScalars` (train.wandb=True): gets every scalar TensorBoard gets.
+    self._wandb = wandb if self.enabled else None
     if self.enabled:
       workdir.mkdir(parents=True, exist_ok=True)
 
@@ -298,6 +301,9 @@ class RunLog:
     if self._events is not None:
       self._events.close()
       self._events = None
+    if self._wandb is not None:
+      self._wandb.close()
+      self._wandb = None
     self._closed = True
 
   def _check_open(self, method: str) -> None:
@@ -337,6 +343,8 @@ class RunLog:
     summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)
                                          for tag, value in tagged.items()])
     self._event_writer().write(event_pb2.Event(wall_time=now, step=step, summary=summary))
+    if self._wandb is not None:
+      self._wandb.log(step, tagged)
 
   def rollouts(self, step: int, groups: Sequence[Group], vocab: Vocabulary | None) -> None:
     """One rollouts.jsonl line per rollout of `groups` (the step's whole candidate pool).

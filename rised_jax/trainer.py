@@ -216,10 +216,20 @@ def build(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Run:
   run = Run(config=config, tokenizer=tokenizer, trainable=trainable, state=state,
             engine=engine, pipeline=pipelines.make_pipeline(config, engine, tokenizer),
             checkpointer=_checkpointer(config, workdir),
-            log=runlog.RunLog(workdir, enabled=jax.process_index() == 0),
+            log=runlog.RunLog(workdir, enabled=jax.process_index() == 0,
+                              wandb=_wandb_scalars(config, workdir)),
             history=RunHistory())
   _write_config(workdir, config)
   return run
+
+
+def _wandb_scalars(config: ml_collections.ConfigDict, workdir: str | os.PathLike):
+  """train.wandb=True: the W&B run that mirrors the TensorBoard scalars (`wandb_log`), on the
+  process that writes the logs."""
+  if not config.train.wandb or jax.process_index() != 0:
+    return None
+  from rised_jax import wandb_log  # noqa: PLC0415  (imports the optional wandb package)
+  return wandb_log.WandbScalars(workdir, config.to_dict())
 
 
 def _checkpointer(config: ml_collections.ConfigDict,

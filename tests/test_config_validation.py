@@ -30,6 +30,7 @@ def _tiny(arg: str = "rised", **edits):
     ({"rollout.temperature": -1.0},
      r"config\.rollout\.temperature=-1\.0: expected a finite number"),
     ({"train.eval_every": -1}, r"config\.train\.eval_every=-1: expected an integer >= 0"),
+    ({"train.wandb": None}, r"config\.train\.wandb=None: expected True or False"),
     ({"optim.learning_rate": math.nan}, r"config\.optim: learning_rate=nan: expected a finite"),
     ({"optim.learning_rate": math.inf}, r"config\.optim: learning_rate=inf: expected a finite"),
     ({"optim.b2": 1.0}, r"b2=1\.0.*expected b1, b2 in \[0, 1\)"),

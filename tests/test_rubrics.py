@@ -10,7 +10,8 @@ from rised_jax import envs
 from rised_jax.rubrics import (RuleBasedJudge, Vocabulary, VocabularyError, make_judge,
                                parse_verdict, tag_frequencies)
 from rised_jax.rubrics.prompt import JudgePrompt, clip_text
-from rised_jax.rubrics.rule_judge import success_predictability
+from rised_jax.rubrics.rule_judge import (best_single_tag_accuracy, success_information,
+                                          success_predictability)
 from rised_jax.types import Event, Group, Task, Trajectory, Turn
 
 POSITIVES = ["valid_syntax", "makes_progress", "uses_feedback", "checks_before_irreversible",
@@ -170,9 +171,9 @@ RULE_CASES = {
         trajectory([turn(P), turn()]),
         {"valid_syntax", "makes_progress", "efficient", "gave_up"}),
     "no turn at all": (trajectory([]), {"gave_up"}),
-    "falls in a hole": (
+    "falls in a hole": (   # the losing step is its own tag, no waste (issue 14)
         trajectory([turn(P), turn(Event.IRREVERSIBLE_FAILURE, done=True)]),
-        {"valid_syntax", "makes_progress", "irreversible_losing_step"}),
+        {"valid_syntax", "makes_progress", "efficient", "irreversible_losing_step"}),
     "follows feedback": (
         trajectory([turn(Event.USED_FEEDBACK), turn(Event.USED_FEEDBACK, S, done=True)],
                    success=True),
@@ -219,6 +220,50 @@ def test_no_rule_reads_the_outcome(vocab):
     assert (judge.verdict(flipped).tags == judge.verdict(traj).tags).all(), name
   won_at_once = trajectory([turn(S, done=True)], success=True)
   assert set(vocab.ids_of(judge.verdict(won_at_once).tags)) == {"valid_syntax", "efficient"}
+  # Environments report the winning move's progress / used feedback too: not read either.
+  for won in ([turn(P, S, done=True)], [turn(N), turn(P, S, done=True)],
+              [turn(Event.USED_FEEDBACK, S, done=True)]):
+    tags = set(vocab.ids_of(judge.verdict(trajectory(won, success=True)).tags))
+    assert not tags & {"makes_progress", "recovers_from_mistakes", "uses_feedback"}, won
+
+
+def test_tags_of_real_episodes_do_not_say_who_won(vocab):
+  """A Countdown game lost by a legal move is as efficient as a won one (the losing step is
+  tagged, not counted as waste), and a one-move FrozenLake win shows no `makes_progress`."""
+  judge = RuleBasedJudge(vocab)
+
+  def first_move(name, difficulty, wanted):
+    env = envs.make(name, **difficulty)
+    env.reset(0)
+    for action in env.action_space():
+      env.reset(0)
+      _, _, done, info = env.step(envs.format_answer(action))
+      if done and not info["invalid"] and info["success"] == wanted:
+        return trajectory([Turn(action, "", float(wanted), True, False, info["events"])],
+                          success=wanted, env=name)
+    raise AssertionError(f"{name}: no first move with success={wanted}")
+
+  lost = first_move("countdown", {}, wanted=False)
+  assert {"efficient", "irreversible_losing_step"} <= set(vocab.ids_of(judge.verdict(lost).tags))
+  won = first_move("frozenlake", dict(size=2, holes=0, min_distance=1, max_turns=1), wanted=True)
+  assert "progress" in won.turns[0].events
+  assert set(vocab.ids_of(judge.verdict(won).tags)) == {"valid_syntax", "efficient"}
+
+
+def test_predictability_measures_on_a_hand_worked_pool():
+  # Tag 0 is on for 3 of 4 wins and 1 of 4 losses (agrees on 6 of 8); tag 1 never set (4 of 8).
+  tags = np.array([[1, 0]] * 3 + [[0, 0]] + [[1, 0]] + [[0, 0]] * 3, np.float32)
+  wins = np.array([1, 1, 1, 1, 0, 0, 0, 0], bool)
+  assert best_single_tag_accuracy(tags, wins) == 6 / 8
+  assert best_single_tag_accuracy(1 - tags, wins) == 6 / 8   # "success iff not set" counts
+  # I(V; S) for the 2x2 table [[3, 1], [1, 3]] / 8 over H(S) = 1 bit: 1 - H(1/4) bits.
+  h = -(0.25 * np.log2(0.25) + 0.75 * np.log2(0.75))
+  np.testing.assert_allclose(success_information(tags, wins), 1 - h, rtol=1e-12)
+  assert success_information(tags[:, :1], wins) == success_information(tags, wins)
+  assert success_information(tags, np.ones(8, bool)) == 0.0
+  assert success_information(np.array([[1], [0]]), np.array([1, 0], bool)) == 1.0
+  with pytest.raises(ValueError, match="expected"):
+    best_single_tag_accuracy(np.zeros((3, 2)), np.zeros(2))
 
 
 def test_success_predictability_on_a_hand_worked_pool():
@@ -242,7 +287,8 @@ def test_every_rule_both_fires_and_stays_silent(vocab):
 
 
 def test_rule_options_and_event_spellings(vocab):
-  slow = trajectory([turn(P), turn(), turn(), turn(P, S, done=True)], success=True)
+  # Half the turns before the win advance (the winning turn is not read: issue 14).
+  slow = trajectory([turn(P), turn(), turn(), turn(P), turn(P, S, done=True)], success=True)
   assert "makes_progress" in vocab.ids_of(RuleBasedJudge(vocab).verdict(slow).tags)
   strict = RuleBasedJudge(vocab, progress_min_fraction=0.75)
   assert "makes_progress" not in vocab.ids_of(strict.verdict(slow).tags)

@@ -2,25 +2,28 @@
 
 Deterministic and free. Each built-in tag id has one rule over the trajectory's turns
 (`Turn.events`, values of `rised_jax.types.Event`, and `Turn.invalid`). Tags describe
-behaviour, never the outcome: no rule reads `success` (or the `success` event), so "profiles"
-and "rewards" stay different signals; a selector that wants the outcome adds it as a feature of
-its own (RISED's `with_success`). How much the tags still reveal about success (a winning move
-usually is a `progress` move) is measured per environment by `success_predictability` below
-and logged each step as judge/{env}/success_from_tags.
+behaviour, not the outcome: no rule reads `Trajectory.success`, and the *winning turn* (the one reporting
+the `success` event) counts as a turn but its other events are not read — the move that wins
+always reports `progress` (and in Wordle `used_feedback`), so counting them made "won" and
+"made progress" the same tag. The losing step (`irreversible_failure`) is its own tag and no
+waste. A selector that wants the outcome adds it as a feature of its own (RISED's
+`with_success`). How much the tags still reveal about success is measured per environment by
+`success_predictability`, `best_single_tag_accuracy` and `success_information` below (logged
+each step as judge/{env}/success_from_tags; experiments/tag_predictability.py for a table).
 
 A turn is *invalid* when it reports `invalid_action`, or `Turn.invalid` is set and it does not
 report `unknown_object` (environments also refuse to execute actions on unknown objects: that
 is a hallucination, not a syntax error); *ineffective* when it is invalid or reports
 `no_effect`; a *mistake* when it is ineffective or reports `regress` or `unknown_object`;
-*wasted* when it is a mistake or reports `repeated_action`, `ignored_feedback`,
-`irreversible_failure` or `gave_up`.
+*wasted* when it is a mistake or reports `repeated_action`, `ignored_feedback` or `gave_up`.
+*Before the win* means every turn except a winning one.
 
 | tag id                       | pol. | applies when |
 | ---------------------------- | ---- | ------------ |
 | valid_syntax                 | +    | at least one turn and no invalid turn |
-| makes_progress               | +    | at least `progress_min_fraction` (0.5) of the turns report `progress` |
-| uses_feedback                | +    | some turn reports `used_feedback` and none `ignored_feedback` |
-| recovers_from_mistakes       | +    | a mistake is followed, in a later turn, by `progress` |
+| makes_progress               | +    | some turn before the win, and at least `progress_min_fraction` (0.5) of the turns before the win report `progress` |
+| uses_feedback                | +    | some turn before the win reports `used_feedback` and no turn `ignored_feedback` |
+| recovers_from_mistakes       | +    | a mistake is followed, in a later turn before the win, by `progress` |
 | efficient                    | +    | at least one turn and at most `efficient_max_wasted_turns` (0) wasted turns |
 | checks_before_irreversible   | +    | no rule: no event reveals it (only LLM judges set it) |
 | repeats_ineffective_action   | -    | a turn reports `repeated_action` and it, or the turn before it, is ineffective |
@@ -28,12 +31,12 @@ is a hallucination, not a syntax error); *ineffective* when it is invalid or rep
 | hallucinated_object          | -    | some turn reports `unknown_object` |
 | gave_up                      | -    | some turn reports `gave_up`; or the agent stopped on its own: the episode has no turn, or its last turn is not `done` and it was not truncated |
 | ignores_feedback             | -    | some turn reports `ignored_feedback` |
-| irreversible_losing_step     | -    | some turn reports `irreversible_failure` |
+| irreversible_losing_step     | -    | some turn reports `irreversible_failure` (a failure mode: it implies a loss, and in Countdown, where every loss is such a step, it is the loss) |
 | loses_ground                 | -    | more turns report `regress` than `progress` |
 
-Until issue 14, `efficient` required success and `makes_progress` / `recovers_from_mistakes`
-counted the success event: with the rest, the tag vector decided success in 97–100 % of
-rollouts for Countdown, Sokoban and Wordle, and profile selection collapsed to reward selection.
+Until issue 14, `efficient` counted the losing step as waste (every lost Countdown game was
+inefficient) and `makes_progress`, `recovers_from_mistakes` and `uses_feedback` read the
+winning turn; the README gives the tags' predictability per environment before and after.
 
 A vocabulary without some of these ids simply never gets them; a vocabulary with none of
 them is refused. Rule-based verdicts are never untagged.
@@ -55,9 +58,19 @@ Events = list[frozenset[str]]   # per turn, the event names
 
 # Besides ineffective turns (invalid or no_effect), which are both mistakes and waste:
 _MISTAKE_EVENTS = frozenset({Event.REGRESS.value, Event.UNKNOWN_OBJECT.value})
+# The losing step itself (`irreversible_failure`) is no waste: it is the outcome, which has a
+# tag of its own (`irreversible_losing_step`); counting it made every lost Countdown game
+# inefficient, so `efficient` read "won".
 _WASTE_EVENTS = _MISTAKE_EVENTS | {Event.REPEATED_ACTION.value, Event.IGNORED_FEEDBACK.value,
-                                   Event.IRREVERSIBLE_FAILURE.value, Event.GAVE_UP.value}
+                                   Event.GAVE_UP.value}
 _PROGRESS = Event.PROGRESS.value
+
+
+def _won(events: frozenset[str]) -> bool:
+  """The winning turn: its other events (progress, feedback used) are the outcome itself —
+  the move that wins always advances and always agrees with the feedback — so the rules that
+  measure how the agent advanced do not read them."""
+  return Event.SUCCESS.value in events
 
 
 def event_names(turn: Turn) -> frozenset[str]:
@@ -127,17 +140,18 @@ class RuleBasedJudge(Judge):
     return bool(traj.turns) and not self._malformed_action(traj, events)
 
   def _makes_progress(self, traj: Trajectory, events: Events) -> bool:
-    advancing = sum(_PROGRESS in e for e in events)
-    return bool(events) and advancing >= self.progress_min_fraction * len(events)
+    before_win = [e for e in events if not _won(e)]
+    advancing = sum(_PROGRESS in e for e in before_win)
+    return bool(before_win) and advancing >= self.progress_min_fraction * len(before_win)
 
   def _uses_feedback(self, traj: Trajectory, events: Events) -> bool:
-    return (any(Event.USED_FEEDBACK.value in e for e in events)
+    return (any(Event.USED_FEEDBACK.value in e for e in events if not _won(e))
             and not self._ignores_feedback(traj, events))
 
   def _recovers_from_mistakes(self, traj: Trajectory, events: Events) -> bool:
     mistake_seen = False
     for turn, e in zip(traj.turns, events):
-      if mistake_seen and _PROGRESS in e:
+      if mistake_seen and _PROGRESS in e and not _won(e):
         return True
       mistake_seen |= self._ineffective(turn, e) or bool(e & _MISTAKE_EVENTS)
     return False
@@ -185,11 +199,7 @@ def success_predictability(tags: np.ndarray, successes: np.ndarray) -> tuple[flo
   rate, is what a constant prediction reaches: accuracy = base rate means the tags say nothing
   about the outcome, accuracy = 1 means they decide it.
   """
-  tags = np.asarray(tags)
-  successes = np.asarray(successes, bool)
-  if tags.ndim != 2 or successes.shape != (len(tags),) or not len(tags):
-    raise ValueError(f"success_predictability: tags {tags.shape} and successes "
-                     f"{successes.shape}; expected [N, D] and [N] with N >= 1")
+  tags, successes = _checked(tags, successes)
   _, vector_id = np.unique(tags > 0.5, axis=0, return_inverse=True)
   vector_id = vector_id.reshape(-1)
   wins = np.bincount(vector_id, weights=successes)
@@ -197,3 +207,40 @@ def success_predictability(tags: np.ndarray, successes: np.ndarray) -> tuple[flo
   accuracy = float(np.maximum(wins, totals - wins).sum() / len(tags))
   rate = float(successes.mean())
   return accuracy, max(rate, 1.0 - rate)
+
+
+def best_single_tag_accuracy(tags: np.ndarray, successes: np.ndarray) -> float:
+  """Accuracy of the best one-tag threshold rule: "success iff tag j is set" or "success iff
+  tag j is not set", the best j and direction, over tags [N, D] and successes [N] (a rule a
+  selector could learn from a single profile coordinate; at least the base rate, through a
+  tag that is never set)."""
+  tags, successes = _checked(tags, successes)
+  agree = ((tags > 0.5) == successes[:, None]).mean(axis=0)
+  return float(np.maximum(agree, 1.0 - agree).max())
+
+
+def success_information(tags: np.ndarray, successes: np.ndarray) -> float:
+  """Share of the outcome's entropy the tag vector explains: I(V; S) / H(S) in [0, 1], V the
+  whole tag vector, plug-in estimates over tags [N, D] and successes [N] (0 when every rollout
+  has the same outcome). 1 means the tags decide success, 0 that they are independent of it."""
+  tags, successes = _checked(tags, successes)
+  _, vector_id = np.unique(tags > 0.5, axis=0, return_inverse=True)
+  joint = np.zeros((int(vector_id.max()) + 1, 2))
+  np.add.at(joint, (vector_id.reshape(-1), successes.astype(int)), 1.0)
+  joint /= len(tags)
+  outcome = joint.sum(axis=0)
+  if outcome.min() == 0.0:
+    return 0.0
+  vector = joint.sum(axis=1, keepdims=True)
+  nonzero = joint > 0
+  information = float((joint[nonzero] * np.log2(joint[nonzero] / (vector * outcome)[nonzero])).sum())
+  return information / float(-(outcome * np.log2(outcome)).sum())
+
+
+def _checked(tags: np.ndarray, successes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  tags = np.asarray(tags)
+  successes = np.asarray(successes, bool)
+  if tags.ndim != 2 or successes.shape != (len(tags),) or not len(tags):
+    raise ValueError(f"tag predictability: tags {tags.shape} and successes "
+                     f"{successes.shape}; expected [N, D] and [N] with N >= 1")
+  return tags, successes
