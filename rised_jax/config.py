@@ -71,6 +71,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.envs.names = ["sokoban", "frozenlake", "countdown", "maze"]
   c.envs.difficulty = ml_collections.ConfigDict()   # per env name: {knob: value}
   c.envs.max_turns = 0                               # 0: each environment's own
+  # name -> "package.module:Class" (or a registered name): plug-ins under short names, one class
+  # under several names with their own difficulty (README "Bring your own environment").
+  c.envs.aliases = ml_collections.ConfigDict()
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.engine = "jax"                 # jax | sglang
@@ -338,17 +341,19 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   step_config(config)
   optimizer_config(config)
   _check_stages(config)
-  unknown = [n for n in config.envs.names if n not in envs.names()]
-  if unknown or not config.envs.names:
-    raise ValueError(f"config.envs.names={list(config.envs.names)}: unknown {unknown}; "
-                     f"available {envs.names()}")
+  if not config.envs.names:
+    raise ValueError(f"config.envs.names=[]: expected at least one of {envs.names()} or an "
+                     "import path 'package.module:Class'")
   for name, knobs in config.envs.difficulty.items():
     if name not in config.envs.names:
       raise ValueError(f"config.envs.difficulty.{name}: {name!r} is not in config.envs.names")
-    bad = sorted(set(knobs.keys()) - set(envs.difficulty_keys(name)))
-    if bad:
-      raise ValueError(f"config.envs.difficulty.{name} has unknown knobs {bad}; "
-                       f"{name} takes {envs.difficulty_keys(name)}")
+  register_env_aliases(config)
+  for name in config.envs.names:   # imports plug-ins: their errors come before the model loads
+    knobs = config.envs.difficulty.get(name)
+    try:
+      envs.check_name(name, dict(knobs.items()) if knobs is not None else {})
+    except ValueError as e:
+      raise ValueError(f"config.envs.names: {e}") from None
   from rised_jax import pipelines  # noqa: PLC0415
   if config.pipeline not in pipelines.PIPELINES:
     raise ValueError(f"config.pipeline={config.pipeline!r}: expected one of {pipelines.PIPELINES}")
@@ -382,6 +387,18 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     raise ValueError(f"config.model.dtype={config.model.dtype!r}: expected float32 or bfloat16")
   if config.pipeline == "rubric":
     _validate_rubric(config)
+
+
+def register_env_aliases(config: ml_collections.ConfigDict) -> None:
+  """Registers `config.envs.aliases` with `rised_jax.envs` (validate does, before anything
+  builds an environment)."""
+  from rised_jax import envs  # noqa: PLC0415
+
+  for alias, target in config.envs.aliases.items():
+    try:
+      envs.register(alias, target)
+    except ValueError as e:
+      raise ValueError(f"config.envs.aliases.{alias}: {e}") from None
 
 
 def _validate_rubric(config: ml_collections.ConfigDict) -> None:
@@ -437,7 +454,7 @@ def _validate_rubric(config: ml_collections.ConfigDict) -> None:
 # Each error names the key, the value and what is expected.
 
 # Subtrees whose keys are free-form (checked by the stage that reads them).
-_FREE_FORM = ("envs.difficulty", "rubric.eval_groups")
+_FREE_FORM = ("envs.difficulty", "envs.aliases", "rubric.eval_groups")
 _SET_BY_TRAINER = ("workdir",)
 
 
