@@ -158,8 +158,9 @@ class AgenticPipeline:
     rows = []
     chat = self.loop.chat
     for group in selected:
-      env = make_env(group.task)
+      env = self.loop.envs.acquire(group.task)   # the rollouts' instances (a remote session)
       first_observation = env.reset(group.task.seed)
+      self.loop.envs.release(group.task, env)
       teacher_ids = (None if group.teacher_prefix is None
                      else chat.prompt_ids(group.teacher_prefix, first_observation))
       plain_prefix = chat.prompt_ids(env.system_prompt, first_observation)
