@@ -71,7 +71,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.envs.names = ["sokoban", "frozenlake", "countdown", "maze"]
   c.envs.difficulty = ml_collections.ConfigDict()   # per env name: {knob: value}
   c.envs.max_turns = 0                               # 0: each environment's own
-  # name -> "package.module:Class" (or a registered name): plug-ins under short names, one class
+  # name -> "package.module:Class": plug-ins under short names (no dots), one class
   # under several names with their own difficulty (README "Bring your own environment").
   c.envs.aliases = ml_collections.ConfigDict()
 
