@@ -239,3 +239,5 @@ def test_a_dead_server_errors_its_episodes_and_the_run_goes_on(aliases):
     assert [c for c, _ in live.calls].count("create") == creates == 4
     with pytest.raises(EnvironmentFailure, match="2 of 2 episodes ended in an environment error"):
       loop.run(tasks[1:2], group_size=2)
+    loop.envs.close()                                       # (also done at process exit)
+    assert [c for c, _ in live.calls].count("close") == 4 and live.sessions == {}

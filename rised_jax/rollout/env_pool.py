@@ -5,13 +5,18 @@ instance of the task's (environment, difficulty), or builds one; `release` takes
 the episode (the next `reset(seed)` reinitialises it, as the protocol requires). A remote
 environment thus opens one server session per slot, not one per episode.
 
+Idle instances are closed by `close`, and at the latest when the process exits (an AgentGym
+server keeps a session until /close, so a finished run must not leave its sessions behind).
+
 `discard` is for an instance whose `reset` or `step` raised: it is closed (best effort) and
 never handed out again, so the next episode of that environment gets a freshly built one
 (`rebuilt` counts them).
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import weakref
 from typing import Any
 
 from rised_jax import envs
@@ -33,12 +38,22 @@ def _pool_key(task: Task) -> tuple:
   return task.env, tuple(sorted((str(k), repr(v)) for k, v in task.difficulty.items()))
 
 
+_POOLS: "weakref.WeakSet[EnvPool]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+  for pool in list(_POOLS):
+    pool.close()
+
+
 class EnvPool:
   """Idle environment instances per (environment, difficulty); see the module docstring."""
 
   def __init__(self):
     self._idle: dict[tuple, list[Any]] = {}
     self.rebuilt = 0   # instances discarded after a crash (each replaced on the next acquire)
+    _POOLS.add(self)
 
   def acquire(self, task: Task) -> Any:
     idle = self._idle.get(_pool_key(task))
