@@ -344,16 +344,16 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   if not config.envs.names:
     raise ValueError(f"config.envs.names=[]: expected at least one of {envs.names()} or an "
                      "import path 'package.module:Class'")
+  register_env_aliases(config)
+  for name in config.envs.names:   # imports plug-ins: their errors come before the model loads
+    _named("config.envs.names", lambda: envs.difficulty_keys(name))   # noqa: B023
   for name, knobs in config.envs.difficulty.items():
     if name not in config.envs.names:
       raise ValueError(f"config.envs.difficulty.{name}: {name!r} is not in config.envs.names")
-  register_env_aliases(config)
-  for name in config.envs.names:   # imports plug-ins: their errors come before the model loads
+  for name in config.envs.names:
     knobs = config.envs.difficulty.get(name)
-    try:
-      envs.check_name(name, dict(knobs.items()) if knobs is not None else {})
-    except ValueError as e:
-      raise ValueError(f"config.envs.names: {e}") from None
+    _named("config.envs.names", lambda: envs.check_name(   # noqa: B023
+        name, dict(knobs.items()) if knobs is not None else {}))
   from rised_jax import pipelines  # noqa: PLC0415
   if config.pipeline not in pipelines.PIPELINES:
     raise ValueError(f"config.pipeline={config.pipeline!r}: expected one of {pipelines.PIPELINES}")

@@ -188,7 +188,8 @@ class AgenticPipeline:
         seed=self.config.seed, samples=self.eval_samples, judge=judge)
     self.eval_episodes = evaluate.episode_records(groups, self.vocab)
     if self.eval_loop.groups_dropped:   # the results' episode counts show which envs lost them
-      log.warning("evaluation: %d episodes dropped after failed engine requests",
+      log.warning("evaluation: %d instances dropped (failed engine requests or environment "
+                  "errors; see eval/{env}/env_errors)",
                   self.eval_loop.groups_dropped)
     return results
 
