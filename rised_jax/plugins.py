@@ -101,10 +101,10 @@ class Registry(Mapping[str, Any]):
     return sorted(set(self.builtins) | set(entry_points(self.group)))
 
   def __getitem__(self, name: str) -> Any:
-    if name in self.resolved:
-      return self.resolved[name]
     if not isinstance(name, str):
       raise KeyError(name)
+    if name in self.resolved:
+      return self.resolved[name]
     if name in self.builtins:
       value = self.builtins[name]
       found = import_object(self.kind, value) if isinstance(value, str) else value
