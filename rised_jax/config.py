@@ -75,6 +75,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.envs.names = ["sokoban", "frozenlake", "countdown", "maze"]
   c.envs.difficulty = ml_collections.ConfigDict()   # per env name: {knob: value}
   c.envs.max_turns = 0                               # 0: each environment's own
+  # name -> "package.module:Class": plug-ins under short names (no dots), one class
+  # under several names with their own difficulty (README "Bring your own environment").
+  c.envs.aliases = ml_collections.ConfigDict()
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.engine = "jax"                 # jax | sglang
@@ -347,20 +350,20 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   step_config(config)
   optimizer_config(config)
   _check_stages(config)
-  available = envs.names() + envs.suite_names()
-  unknown = [n for n in config.envs.names if n not in available]
-  if unknown or not config.envs.names:
-    raise ValueError(f"config.envs.names={list(config.envs.names)}: unknown {unknown}; "
-                     f"available {available}")
-  for name in config.envs.names:
-    envs.difficulty_keys(name)   # imports a suite's adapter: a missing extra is named now
+  if not config.envs.names:
+    raise ValueError(f"config.envs.names=[]: expected at least one of "
+                     f"{envs.names() + envs.suite_names()} or an import path "
+                     "'package.module:Class'")
+  register_env_aliases(config)
+  for name in config.envs.names:   # imports plug-ins: their errors come before the model loads
+    _named("config.envs.names", lambda: envs.difficulty_keys(name))   # noqa: B023
   for name, knobs in config.envs.difficulty.items():
     if name not in config.envs.names:
       raise ValueError(f"config.envs.difficulty.{name}: {name!r} is not in config.envs.names")
-    bad = sorted(set(knobs.keys()) - set(envs.difficulty_keys(name)))
-    if bad:
-      raise ValueError(f"config.envs.difficulty.{name} has unknown knobs {bad}; "
-                       f"{name} takes {envs.difficulty_keys(name)}")
+  for name in config.envs.names:
+    knobs = config.envs.difficulty.get(name)
+    _named("config.envs.names", lambda: envs.check_name(   # noqa: B023
+        name, dict(knobs.items()) if knobs is not None else {}))
   from rised_jax import pipelines  # noqa: PLC0415
   if config.pipeline not in pipelines.PIPELINES:
     raise ValueError(f"config.pipeline={config.pipeline!r}: expected one of {pipelines.PIPELINES}")
@@ -396,6 +399,18 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
                        f"{MODEL_DTYPES}")
   if config.pipeline == "rubric":
     _validate_rubric(config)
+
+
+def register_env_aliases(config: ml_collections.ConfigDict) -> None:
+  """Registers `config.envs.aliases` with `rised_jax.envs` (validate does, before anything
+  builds an environment)."""
+  from rised_jax import envs  # noqa: PLC0415
+
+  for alias, target in config.envs.aliases.items():
+    try:
+      envs.register(alias, target)
+    except ValueError as e:
+      raise ValueError(f"config.envs.aliases.{alias}: {e}") from None
 
 
 def _validate_rubric(config: ml_collections.ConfigDict) -> None:
@@ -466,7 +481,7 @@ def _check_replaced_keys(config: ml_collections.ConfigDict) -> None:
 
 
 # Subtrees whose keys are free-form (checked by the stage that reads them).
-_FREE_FORM = ("envs.difficulty", "rubric.eval_groups")
+_FREE_FORM = ("envs.difficulty", "envs.aliases", "rubric.eval_groups")
 _SET_BY_TRAINER = ("workdir",)
 
 

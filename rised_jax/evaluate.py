@@ -12,6 +12,14 @@ pass@k, the share of instances solved in at least one of k sampled episodes. Nev
 rubric in the prompt: the agent loop is called with no hints, and the prompt is the
 environment's own.
 
+Errored episodes (an exception in the environment, `AgentLoop`): the instance of an errored
+episode is left out of the pass rate — pass@k of an instance needs all k of its episodes, and
+counting a crash as a failure would charge the policy for the environment — and counted per
+environment as "env_errors" (episodes) next to "episodes" (the instances evaluated), logged as
+eval/{env}/env_errors. An environment none of whose instances could be evaluated (every one
+errored, or lost to failed engine requests) has no pass rate: `evaluate` raises
+`EnvironmentFailure` rather than report a table without it.
+
 `episode_records` gives one plain record per episode for the run log's eval_episodes.jsonl:
 {"env", "instance", "seed", "sample", "success", "turns", "actions", "tags"}; "tags" are the
 ids a judge set (the pipeline passes its rule-based judge; null without one).
@@ -21,7 +29,8 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from rised_jax import envs
-from rised_jax.rollout.agent_loop import AgentLoop
+from rised_jax.rollout.agent_loop import AgentLoop, EnvironmentFailure
+from rised_jax.rollout.env_pool import EnvError
 from rised_jax.stats import wilson_interval
 from rised_jax.types import Group, Task
 
@@ -90,6 +99,23 @@ def pass_rates(groups: Sequence[Group]) -> dict[str, dict[str, float]]:
   return results
 
 
+def add_env_errors(results: dict[str, dict[str, float]], tasks: Sequence[Task],
+                   errors: Sequence[EnvError]) -> dict[str, dict[str, float]]:
+  """Adds "env_errors" (errored episodes) to every environment's results; raises
+  EnvironmentFailure for an environment of `tasks` without any evaluated instance."""
+  for env in dict.fromkeys(task.env for task in tasks):
+    own = [e for e in errors if e.task.env == env]
+    if env not in results:
+      instances = sum(task.env == env for task in tasks)
+      first = f" (first: {own[0].stage}: {own[0].message})" if own else ""
+      raise EnvironmentFailure(
+          f"evaluation: none of the {instances} instances of {env} could be evaluated: "
+          f"{len(own)} episodes raised in the environment{first}, the others' engine requests "
+          "failed; there is no pass rate to report")
+    results[env]["env_errors"] = len(own)
+  return results
+
+
 def episode_records(groups: Sequence[Group], vocab=None) -> list[dict[str, Any]]:
   """One record per evaluation episode (see the module docstring); `vocab` names the tags."""
   records = []
@@ -109,9 +135,10 @@ def evaluate(loop: AgentLoop, env_names: Sequence[str],
              seed: int = 0, samples: int = 1, judge=None
              ) -> tuple[dict[str, dict[str, float]], list[Group]]:
   """Pass rate per environment on the held-out instances, and the evaluated groups (judged
-  by `judge` when given). No hints: `loop.run(..., hints=None)`."""
+  by `judge` when given); each environment's results hold its "env_errors". No hints:
+  `loop.run(..., hints=None)`."""
   tasks = eval_tasks(env_names, difficulty, episodes, seed_offset)
   groups = loop.run(tasks, group_size=samples, hints=None, seed=seed, desc="eval")
   if judge is not None:
     judge.judge(groups)
-  return pass_rates(groups), groups
+  return add_env_errors(pass_rates(groups), tasks, loop.env_errors), groups

@@ -8,15 +8,24 @@
 `instance_key(name, seed, difficulty)` gives the same key without keeping an environment
 (memoised: the task stream and the selector ask for the same seeds).
 
-See `base.Environment` for the protocol and `parsing` for how replies are read.
+Names: a built-in name (`_REGISTRY`: a class, or an import-path string for an adapter whose
+dependencies are imported on first use), an entry point of group `rised_jax.envs`, or an import
+path "package.module:Class" (`rised_jax.plugins`). Every environment class is checked against
+`base.EnvironmentProtocol` when it is first looked up; `check_name` also checks difficulty knobs
+(config validation calls it before the model loads).
+
+See `base` for the protocol and `parsing` for how the built-ins read replies.
 """
 from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 from typing import Any, Mapping
 
-from rised_jax.envs.base import Environment, Outcome
+from rised_jax import plugins
+from rised_jax.envs.base import (Environment, EnvironmentProtocol, Outcome,
+                                 check_environment_class)
 from rised_jax.envs.countdown import Countdown
 from rised_jax.envs.frozenlake import FrozenLake
 from rised_jax.envs.household import Household
@@ -25,7 +34,10 @@ from rised_jax.envs.parsing import format_answer
 from rised_jax.envs.sokoban import Sokoban
 from rised_jax.envs.wordle import Wordle
 
-_REGISTRY: dict[str, type[Environment]] = {
+log = logging.getLogger(__name__)
+
+# name -> environment class, or "module:Class" imported on first use.
+_REGISTRY: dict[str, type | str] = {
     cls.name: cls for cls in (Sokoban, FrozenLake, Countdown, Wordle, Household, Maze)}
 # Real suites behind optional extras (README, "Real environment suites"): imported on first use,
 # so `import rised_jax` never needs them. name -> (module, class).
@@ -36,11 +48,14 @@ _SUITES: dict[str, tuple[str, str]] = {
     "twx_cooking": ("rised_jax.envs.twx", "CookingWorld"),
     "twx_twc": ("rised_jax.envs.twx", "Commonsense"),
 }
+_BUILTIN_NAMES = frozenset(_REGISTRY)
+ENVIRONMENTS = plugins.Registry("environment", _REGISTRY, check=check_environment_class)
 
 
 def names() -> list[str]:
-  """The built-in environment names."""
-  return sorted(n for n in _REGISTRY if n not in _SUITES)
+  """The registered environment names (built-in and entry points; import paths and the real
+  suites not listed)."""
+  return [n for n in ENVIRONMENTS.names() if n not in _SUITES]
 
 
 def suite_names() -> list[str]:
@@ -48,21 +63,72 @@ def suite_names() -> list[str]:
   return sorted(_SUITES)
 
 
+def register(name: str, target: type | str) -> None:
+  """Adds `name` for an environment class or import path "package.module:Class" (a config's
+  `envs.aliases`: one class under several names, each with its own difficulty knobs, and
+  names without dots for `envs.difficulty`). Built-in names cannot be replaced."""
+  if not isinstance(name, str) or not name or ":" in name or "." in name:
+    raise ValueError(f"environment alias {name!r}: expected a non-empty name without '.' or ':'")
+  if name in _BUILTIN_NAMES:
+    raise ValueError(f"environment alias {name!r}: a built-in environment has this name")
+  if not (isinstance(target, type) or plugins.is_import_path(target)):
+    raise ValueError(f"environment alias {name!r}: target {target!r}; expected a class or an "
+                     "import path 'package.module:Class'")
+  if _REGISTRY.get(name) != target:
+    _REGISTRY[name] = target
+    ENVIRONMENTS.resolved.pop(name, None)
+    for cache_key in [k for k in _ENVS if k[0] == name]:
+      del _ENVS[cache_key]
+    _KEYS.clear()
+
+
+def is_environment(name: Any) -> bool:
+  """Whether `name` resolves to an environment (a failing import path raises)."""
+  return isinstance(name, str) and name in ENVIRONMENTS
+
+
+def _knobs(name: str) -> dict[str, bool]:
+  """The constructor's keyword-only parameters, each mapped to whether it is required."""
+  cls = _lookup(name)
+  return {p.name: p.default is p.empty for p in inspect.signature(cls.__init__).parameters.values()
+          if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
 def difficulty_keys(name: str) -> list[str]:
   """The keyword arguments `make(name, ...)` accepts (including max_turns and shaping)."""
-  cls = _lookup(name)
-  return sorted(p.name for p in inspect.signature(cls.__init__).parameters.values()
-                if p.kind is inspect.Parameter.KEYWORD_ONLY)
+  return sorted(_knobs(name))
 
 
-def make(name: str, **difficulty: Any) -> Environment:
-  """A new environment; ValueError names any unknown environment or difficulty key."""
-  cls = _lookup(name)
-  valid = difficulty_keys(name)
-  unknown = sorted(set(difficulty) - set(valid))
+def check_name(name: str, difficulty: Mapping[str, Any] | None = None) -> None:
+  """Resolves `name` (importing a plug-in), checks its protocol and the difficulty keys:
+  ValueError names the environment and the unknown or missing key."""
+  knobs = _knobs(name)
+  given = set(difficulty or {})
+  unknown = sorted(given - set(knobs))
   if unknown:
-    raise ValueError(f"{name}: unknown difficulty key(s) {unknown}; valid keys: {valid}")
-  return cls(**difficulty)
+    raise ValueError(f"{name}: unknown difficulty key(s) {unknown}; valid keys: {sorted(knobs)}")
+  missing = sorted(k for k, required in knobs.items() if required and k not in given)
+  if missing:
+    raise ValueError(f"{name}: difficulty key(s) {missing} are required (give them in "
+                     f"envs.difficulty[{name!r}])")
+
+
+def make(name: str, **difficulty: Any) -> EnvironmentProtocol:
+  """A new environment; ValueError names any unknown environment or difficulty key."""
+  check_name(name, difficulty)
+  return _lookup(name)(**difficulty)
+
+
+def close(env: Any) -> None:
+  """Calls the environment's optional `close()`; a failure is logged, never raised (the
+  instance is being discarded, often because it already failed)."""
+  closer = getattr(env, "close", None)
+  if closer is None:
+    return
+  try:
+    closer()
+  except Exception as error:  # pylint: disable=broad-except
+    log.warning("closing environment %r failed: %s: %s", env, type(error).__name__, error)
 
 
 _ENVS: dict[tuple, Environment] = {}
@@ -78,23 +144,34 @@ def instance_key(name: str, seed: int, difficulty: Mapping[str, Any] | None = No
     env = _ENVS.get((name, knobs))
     if env is None:
       env = _ENVS[(name, knobs)] = make(name, **dict(difficulty or {}))
-    env.reset(int(seed))
+    try:
+      if hasattr(env, "instance_key_for"):
+        key = env.instance_key_for(int(seed))
+      else:
+        env.reset(int(seed))
+        key = env.instance_key()
+    except Exception:
+      del _ENVS[(name, knobs)]   # rebuilt on the next call: the instance may be broken
+      close(env)
+      raise
+    if not isinstance(key, str) or not key:
+      raise ValueError(f"{name}: instance key of seed {seed} is {key!r}; expected a non-empty "
+                       "string")
     if len(_KEYS) >= _MAX_CACHED_KEYS:
       _KEYS.clear()
-    _KEYS[cache_key] = env.instance_key()
+    _KEYS[cache_key] = key
   return _KEYS[cache_key]
 
 
-def _lookup(name: str) -> type[Environment]:
+def _lookup(name: str) -> type:
   if isinstance(name, str) and name in _SUITES and name not in _REGISTRY:
     module, cls = _SUITES[name]   # SuiteNotInstalled (an ImportError) names the missing extra
     _REGISTRY[name] = getattr(importlib.import_module(module), cls)
-  if not isinstance(name, str) or name not in _REGISTRY:
-    raise ValueError(f"unknown environment {name!r}; valid names: {names() + suite_names()}")
-  return _REGISTRY[name]
+  return ENVIRONMENTS.lookup(name)   # a PluginError (ValueError) names what is wrong
 
 
-__all__ = ["Environment", "Outcome", "format_answer", "make", "names", "suite_names",
+__all__ = ["ENVIRONMENTS", "Environment", "EnvironmentProtocol", "Outcome", "check_name",
+           "close", "is_environment", "register", "format_answer", "make", "names", "suite_names",
            "difficulty_keys",
            "instance_key",
            "Countdown", "FrozenLake", "Household", "Maze", "Sokoban", "Wordle"]

@@ -1,18 +1,53 @@
-"""The environment protocol shared by the built-in text environments.
+"""The environment protocol, and the base class of the built-in text environments.
 
-An `Environment` is one multi-turn text game. The agent loop drives it with
+`EnvironmentProtocol` is the public contract: any class with these members is an environment
+(it need not subclass anything here). Exactly these are called by rised_jax:
+
+  system_prompt          str (class attribute or property): the rules, the action format,
+                         an example; constant for a given configuration. The agent loop puts
+                         it in every rollout prompt, the trainer in every training row.
+  reset(seed) -> str     starts the episode of `seed` (an int) and returns the first
+                         observation. Called again on the same instance for later episodes:
+                         it must reinitialise every piece of state. Deterministic given the
+                         seed (evaluation instances are chosen by seed).
+  step(reply) -> (observation: str, reward: float, done: bool, info: dict)
+                         plays one turn with the model's raw reply text (the environment
+                         reads the action out of it). `info` must hold at least
+                           success    bool       the goal is reached (counted when done)
+                           invalid    bool       the action was not executed
+                           events     list[str]  `rised_jax.types.Event` values of this step:
+                                                 the rule-based judge tags rollouts from them
+                                                 (an environment without signals gives [])
+                           truncated  bool       the turn budget ran out: a failure
+  instance_key() -> str  names the instance the last `reset` generated; two seeds that give
+                         the same game give the same key. Training and evaluation sets are
+                         disjoint by this key (`rised_jax.evaluate`, `rised_jax.tasks`).
+Optional members (used where present):
+  instance_key_for(seed) -> str   the key `reset(seed)` would give, without resetting (an
+                         environment whose reset is costly, e.g. a remote one; the task
+                         stream and the evaluation set ask for many seeds).
+  close()                releases what the instance holds (a server-side session); called when
+                         the instance is discarded.
+  action_space() -> list[str]     well-formed actions of the current state (random policies,
+                         the tiny test model's vocabulary).
+  oracle() -> list[str]  canonical actions that solve the episode from the current state
+                         (tests, scripted baselines); never called during training.
+Difficulty knobs are the constructor's keyword-only parameters: `envs.difficulty.NAME` in a
+config passes them, and validation rejects any other key (and a missing required one).
+
+An exception raised inside `reset` or `step` ends that episode as *errored* (the agent loop
+leaves its group out of training and evaluation, counts it, and discards the instance); a
+`step` result that breaks the shape above counts the same way.
+
+The rest of this module is the shared base class of the built-in games, `Environment`:
 
     observation = env.reset(seed)
     observation, reward, done, info = env.step(reply_text)   # until done
 
 `reply_text` is the model's raw reply: the action is read from `<answer>ACTION</answer>`
 (see `parsing`). An unreadable or inadmissible action never raises: it costs a turn and the
-observation says why. `info` always holds
+observation says why. Besides the four required keys, the built-ins' `info` holds
 
-    success    bool       the goal is reached (the episode is over and won)
-    invalid    bool       the action was not executed (unreadable, inadmissible, unknown object)
-    events     list[str]  `rised_jax.types.Event` values describing this step
-    truncated  bool       the turn budget ran out before the goal: the episode is lost
     failed     bool       an irreversible failure ended the episode
     turn       int        turns used so far (this step included)
     action     str | None the canonical text of the executed action, None when unreadable
@@ -40,15 +75,86 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
+import inspect
 import numbers
 import random
-from typing import Any, ClassVar, Hashable
+from typing import Any, ClassVar, Hashable, Protocol, runtime_checkable
 
 from rised_jax.envs import parsing
 from rised_jax.types import Event
 
 StepResult = tuple[str, float, bool, dict[str, Any]]
 _GIVE_UP = object()  # the parsed form of "give up": handled here for every environment
+
+# What the agent loop reads from `step`'s info (the protocol's required keys).
+REQUIRED_INFO_KEYS = ("success", "invalid", "events", "truncated")
+REQUIRED_METHODS = ("reset", "step", "instance_key")
+OPTIONAL_METHODS = ("instance_key_for", "close", "action_space", "oracle")
+
+
+@runtime_checkable
+class EnvironmentProtocol(Protocol):
+  """The public environment contract (module docstring): what rised_jax calls on an
+  environment. Optional members (`OPTIONAL_METHODS`) are not part of the static type."""
+
+  @property
+  def system_prompt(self) -> str: ...
+
+  def reset(self, seed: int) -> str: ...
+
+  def step(self, reply: str) -> StepResult: ...
+
+  def instance_key(self) -> str: ...
+
+
+def check_environment_class(cls: Any, name: str) -> None:
+  """Raises ValueError naming `name` and the first protocol member `cls` lacks (checked on the
+  class, before any instance exists: `system_prompt` must be a class attribute or property)."""
+  where = name if not isinstance(cls, type) else f"{name} ({cls.__module__}.{cls.__qualname__})"
+  if not isinstance(cls, type):
+    raise ValueError(f"environment {where} is {type(cls).__name__} {cls!r:.80}; expected a class "
+                     "implementing rised_jax.envs.base.EnvironmentProtocol")
+  if inspect.isabstract(cls):
+    raise ValueError(f"environment {where} does not implement the abstract method(s) "
+                     f"{sorted(cls.__abstractmethods__)}")
+  missing = [m for m in REQUIRED_METHODS if not callable(getattr(cls, m, None))]
+  if not hasattr(cls, "system_prompt"):
+    missing.append("system_prompt")
+  if missing:
+    raise ValueError(f"environment {where} lacks {missing} of rised_jax.envs.base."
+                     "EnvironmentProtocol (required: system_prompt, reset(seed), step(reply), "
+                     "instance_key())")
+  for method in OPTIONAL_METHODS:
+    if hasattr(cls, method) and not callable(getattr(cls, method)):
+      raise ValueError(f"environment {where}: {method} must be a method, got "
+                       f"{getattr(cls, method)!r:.80}")
+
+
+def check_step_result(result: Any, env: str) -> StepResult:
+  """`step`'s return value checked against the protocol; ValueError says what is wrong (the
+  agent loop counts it as an environment error)."""
+  if not isinstance(result, tuple) or len(result) != 4:
+    raise ValueError(f"{env}: step returned {result!r:.120}; expected a tuple "
+                     "(observation, reward, done, info)")
+  observation, reward, done, info = result
+  if not isinstance(observation, str):
+    raise ValueError(f"{env}: step's observation is {type(observation).__name__}; expected str")
+  if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or reward != reward \
+      or abs(reward) == float("inf"):
+    raise ValueError(f"{env}: step's reward is {reward!r}; expected a finite number")
+  if not isinstance(info, dict):
+    raise ValueError(f"{env}: step's info is {type(info).__name__}; expected a dict with keys "
+                     f"{list(REQUIRED_INFO_KEYS)}")
+  missing = [k for k in REQUIRED_INFO_KEYS if k not in info]
+  if missing:
+    raise ValueError(f"{env}: step's info lacks {missing}; the protocol requires "
+                     f"{list(REQUIRED_INFO_KEYS)}")
+  events = info["events"]
+  if isinstance(events, str) or not isinstance(events, (list, tuple)) or not all(
+      isinstance(e, str) for e in events):
+    raise ValueError(f"{env}: step's info['events'] is {events!r:.120}; expected a list of "
+                     "rised_jax.types.Event values (strings)")
+  return observation, float(reward), bool(done), info
 
 
 @dataclasses.dataclass

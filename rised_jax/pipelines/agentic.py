@@ -18,9 +18,10 @@ of the best rule that predicts a rollout's success from its tag vector (exact de
 predicting the majority outcome reaches: profiles carry information of their own only where
 the first stays well below 1.
 
-A rollout group spoilt by a failed engine request is dropped from the pool (`AgentLoop`); the
-step's metrics count it with the engine's retries and the rollouts the judge left unjudged
-(`rollout/groups_dropped`, `rollout/server_retries`, `judge/failed`).
+A rollout group spoilt by a failed engine request or an environment error is dropped from the
+pool (`AgentLoop`); the step's metrics count it with the engine's retries, the errored episodes
+and the rollouts the judge left unjudged (`rollout/groups_dropped`, `rollout/server_retries`,
+`rollout/env_errors`, `judge/failed`).
 """
 from __future__ import annotations
 
@@ -121,7 +122,8 @@ class AgenticPipeline:
     pool = self.loop.run(tasks, self.config.rollout.group_size, hints=hints,
                          seed=self.config.seed * 1_000_003 + step)
     self.faults = {"rollout/server_retries": float(server_retries(self.loop.engine) - retries),
-                   "rollout/groups_dropped": float(self.loop.groups_dropped)}
+                   "rollout/groups_dropped": float(self.loop.groups_dropped),
+                   "rollout/env_errors": float(len(self.loop.env_errors))}
     if not pool:
       raise RuntimeError(f"step {step}: every one of the {len(tasks)} rollout groups was "
                          "dropped because engine requests failed after their retries (see the "
@@ -156,8 +158,9 @@ class AgenticPipeline:
     rows = []
     chat = self.loop.chat
     for group in selected:
-      env = make_env(group.task)
+      env = self.loop.envs.acquire(group.task)   # the rollouts' instances (a remote session)
       first_observation = env.reset(group.task.seed)
+      self.loop.envs.release(group.task, env)
       teacher_ids = (None if group.teacher_prefix is None
                      else chat.prompt_ids(group.teacher_prefix, first_observation))
       plain_prefix = chat.prompt_ids(env.system_prompt, first_observation)
@@ -185,7 +188,8 @@ class AgenticPipeline:
         seed=self.config.seed, samples=self.eval_samples, judge=judge)
     self.eval_episodes = evaluate.episode_records(groups, self.vocab)
     if self.eval_loop.groups_dropped:   # the results' episode counts show which envs lost them
-      log.warning("evaluation: %d episodes dropped after failed engine requests",
+      log.warning("evaluation: %d instances dropped (failed engine requests or environment "
+                  "errors; see eval/{env}/env_errors)",
                   self.eval_loop.groups_dropped)
     return results
 

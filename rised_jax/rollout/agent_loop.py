@@ -30,6 +30,16 @@ Failed requests: a request the engine gives up on (after its retries; `Generatio
 ends its episode, and the episode's whole group is left out of `run`'s result (never trained
 on in part); `groups_dropped` counts them for the last `run`.
 
+Environment errors: an exception raised by an environment's `reset` or `step` (a crashed game,
+a dead remote server after its retries), or a step result that breaks
+`envs.base.EnvironmentProtocol`, ends that episode as errored. Its whole group is left out of
+`run`'s result like a failed request's: a group's advantages are taken against the mean of
+its G rewards, and an errored episode has no reward (scoring it 0 would teach the policy to
+avoid whatever the crash followed; masking it alone would leave a group of G - 1 among groups
+of G). `env_errors` lists the errored episodes of the last `run` (`EnvError`, counted in the
+metrics), the instance is discarded and the next episode gets a new one (`EnvPool`). A run in
+which every group is dropped and some environment raised ends in `EnvironmentFailure`.
+
 Seeds: every rollout of a task plays the environment episode `task.seed`; the engine seed of
 rollout i at turn t is a hash of (run seed, task, i, t), so a run is reproducible and the G
 rollouts of a group differ.
@@ -38,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import numbers
 from typing import Mapping, Sequence
 
@@ -45,11 +56,19 @@ import jax
 import tqdm
 
 from rised_jax import envs
+from rised_jax.envs.base import check_step_result
 from rised_jax.model.tokenizer import Tokenizer
 from rised_jax.rollout.base import (Engine, GenerationRequest, GenerationResult, SamplingParams,
                                     generate_or_none)
 from rised_jax.rollout.chat import ChatFormat, join_system_text
+from rised_jax.rollout.env_pool import EnvError, EnvPool
 from rised_jax.types import Group, Task, Trajectory, Turn
+
+log = logging.getLogger(__name__)
+
+
+class EnvironmentFailure(RuntimeError):
+  """Every group of a run was dropped and environments raised: nothing is left to use."""
 
 
 def sampling_seed(seed: int, task: Task, rollout: int, turn: int) -> int:
@@ -59,7 +78,7 @@ def sampling_seed(seed: int, task: Task, rollout: int, turn: int) -> int:
   return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little") & 0x7FFFFFFF
 
 
-def make_env(task: Task) -> envs.Environment:
+def make_env(task: Task) -> envs.EnvironmentProtocol:
   """A fresh environment for the task (its difficulty knobs as keyword arguments)."""
   return envs.make(task.env, **dict(task.difficulty))
 
@@ -70,7 +89,7 @@ class _Episode:
 
   task: Task
   rollout: int
-  env: envs.Environment
+  env: envs.EnvironmentProtocol | None   # None once released or discarded
   hint: str
   token_ids: list[int]
   loss_mask: list[int]
@@ -82,6 +101,7 @@ class _Episode:
   truncated: bool = False
   done: bool = False
   failed: bool = False   # a request of this episode failed: its group is dropped
+  env_error: EnvError | None = None   # its environment raised: its group is dropped
 
   def to_trajectory(self) -> Trajectory:
     return Trajectory(task=self.task, token_ids=self.token_ids, loss_mask=self.loss_mask,
@@ -134,7 +154,9 @@ class AgentLoop:
     if len(self.chat.end_of_turn_ids) == 1 and self.chat.end_of_turn_ids[0] not in stops:
       stops += self.chat.end_of_turn_ids
     self.sampling = dataclasses.replace(sampling, stop_token_ids=stops)
-    self.groups_dropped = 0   # groups left out of the last `run` (a request failed)
+    self.groups_dropped = 0   # groups left out of the last `run` (a request or env failed)
+    self.env_errors: list[EnvError] = []   # episodes of the last `run` whose environment raised
+    self.envs = EnvPool()
 
   def _check_engine_limits(self, engine: Engine) -> None:
     """Fails now, not turns into a run, when an engine with fixed buckets (JaxEngine) could
@@ -154,10 +176,12 @@ class AgentLoop:
     after the system prompt. Rollouts use it with their hint; the trainer uses it to build
     teacher prefixes and hint-free student prefixes: a trajectory's response
     (`token_ids[prompt_len:]`) follows any of them unchanged."""
-    env = make_env(task)
+    env = self.envs.acquire(task)
     observation = env.reset(task.seed)
-    return self.chat.prompt_ids(join_system_text(env.system_prompt, extra_system_text),
-                                observation)
+    ids = self.chat.prompt_ids(join_system_text(env.system_prompt, extra_system_text),
+                               observation)
+    self.envs.release(task, env)
+    return ids
 
   def run(self, tasks: Sequence[Task], group_size: int,
           hints: Mapping[str, str] | None = None, seed: int = 0,
@@ -172,6 +196,7 @@ class AgentLoop:
         raise ValueError(f"AgentLoop.run: hints[{env_name!r}] must be a string, got {hint!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
       raise ValueError(f"AgentLoop.run: seed must be an integer, got {seed!r}")
+    self.env_errors = []
     episodes = [episode for task in tasks
                 for episode in self._start(task, group_size, hints.get(task.env, ""))]
     # Rollouts must not depend on what the engine generated before this run (JaxEngine's
@@ -179,8 +204,8 @@ class AgentLoop:
     reset = getattr(self.engine, "reset_prefix_cache", None)
     if reset is not None:
       reset()
-    live = list(episodes)
-    with tqdm.tqdm(total=len(episodes), desc=desc, unit="episode", leave=False,
+    live = [e for e in episodes if not e.done]   # not those whose group failed to reset
+    with tqdm.tqdm(total=len(live), desc=desc, unit="episode", leave=False,
                    disable=jax.process_index() != 0) as bar:
       while live:
         results = generate_or_none(self.engine, [self._request(e, seed) for e in live])
@@ -193,11 +218,43 @@ class AgentLoop:
             self._advance(episode, result)
         bar.update(sum(e.done for e in live))
         live = [e for e in live if not e.done]
+    for episode in episodes:
+      self._release(episode)
     groups = [episodes[i * group_size:(i + 1) * group_size] for i in range(len(tasks))]
     kept = [Group(task=task, trajectories=[e.to_trajectory() for e in group])
-            for task, group in zip(tasks, groups) if not any(e.failed for e in group)]
+            for task, group in zip(tasks, groups)
+            if not any(e.failed or e.env_error for e in group)]
     self.groups_dropped = len(tasks) - len(kept)
+    self._report_env_errors(len(episodes), bool(kept))
     return kept
+
+  def _release(self, episode: _Episode) -> None:
+    if episode.env is not None:
+      self.envs.release(episode.task, episode.env)
+      episode.env = None
+
+  def _env_failed(self, episode: _Episode, stage: str, error: Exception) -> None:
+    """Ends the episode as errored and discards its environment instance."""
+    episode.env_error = EnvError(task=episode.task, rollout=episode.rollout, stage=stage,
+                                 message=f"{type(error).__name__}: {error}"[:2000])
+    episode.done = True
+    self.env_errors.append(episode.env_error)
+    log.debug("task %s rollout %d: environment %s raised %r", episode.task.key, episode.rollout,
+              stage, error)
+    self.envs.discard(episode.env)
+    episode.env = None
+
+  def _report_env_errors(self, episodes: int, kept_any: bool) -> None:
+    if not self.env_errors:
+      return
+    first = self.env_errors[0]
+    what = (f"{len(self.env_errors)} of {episodes} episodes ended in an environment error "
+            f"(first: task {first.task.key} rollout {first.rollout}, {first.stage}: "
+            f"{first.message})")
+    if not kept_any:
+      raise EnvironmentFailure(f"{what}; every group of this run was dropped, so there is "
+                               "nothing to train on or evaluate")
+    log.warning("%s; their groups are left out", what)
 
   # ---- one episode ---------------------------------------------------------------------------
 
@@ -207,17 +264,30 @@ class AgentLoop:
     started = []
     prompt = None
     for rollout in range(group_size):
-      env = make_env(task)
-      observation = env.reset(task.seed)
+      episode = _Episode(task=task, rollout=rollout, env=None, hint=hint, token_ids=[],
+                         loss_mask=[], logprobs=[], prompt_len=0)
+      started.append(episode)
+      episode.env = self.envs.acquire(task)   # an unknown name or knob is a config error
+      try:
+        observation = episode.env.reset(task.seed)
+        system_prompt = episode.env.system_prompt
+        if not isinstance(observation, str) or not isinstance(system_prompt, str):
+          raise ValueError(f"{task.env}: reset returned {type(observation).__name__} and "
+                           f"system_prompt is {type(system_prompt).__name__}; expected str")
+      except Exception as error:  # any environment failure  # pylint: disable=broad-except
+        self._env_failed(episode, "reset", error)
+        continue
       if prompt is None:  # the G rollouts of a task share one prompt
-        prompt = self.chat.prompt_ids(join_system_text(env.system_prompt, hint), observation)
+        prompt = self.chat.prompt_ids(join_system_text(system_prompt, hint), observation)
         if len(prompt) >= self.max_total_tokens:
           raise ValueError(f"AgentLoop.run: task {task.key}: the prompt has {len(prompt)} "
                            f"tokens, which leaves no room under max_total_tokens="
                            f"{self.max_total_tokens}")
-      started.append(_Episode(task=task, rollout=rollout, env=env, hint=hint,
-                              token_ids=list(prompt), loss_mask=[0] * len(prompt),
-                              logprobs=[0.0] * len(prompt), prompt_len=len(prompt)))
+      episode.token_ids, episode.prompt_len = list(prompt), len(prompt)
+      episode.loss_mask, episode.logprobs = [0] * len(prompt), [0.0] * len(prompt)
+    if any(e.env_error for e in started):   # the group is dropped: play none of it
+      for episode in started:
+        episode.done = True
     return started
 
   def _request(self, episode: _Episode, seed: int) -> GenerationRequest:
@@ -251,7 +321,12 @@ class AgentLoop:
     episode.loss_mask += [1] * len(output)
     episode.logprobs += [float(x) for x in result.logprobs[:keep]]
     action_text = self.chat.reply_prefix + self.tokenizer.decode(output, skip_special_tokens=True)
-    observation, reward, done, info = episode.env.step(action_text)
+    try:
+      observation, reward, done, info = check_step_result(episode.env.step(action_text),
+                                                          episode.task.env)
+    except Exception as error:  # any environment failure  # pylint: disable=broad-except
+      self._env_failed(episode, "step", error)
+      return
     episode.turns.append(Turn(action_text=action_text, observation=observation,
                               reward=float(reward), done=bool(done),
                               invalid=bool(info["invalid"]), events=list(info["events"])))

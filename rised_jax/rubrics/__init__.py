@@ -1,8 +1,14 @@
-"""Rubric vocabulary, judges and tag profiles (docs/ALGORITHMS.md §2.2–2.3)."""
+"""Rubric vocabulary, judges and tag profiles (docs/ALGORITHMS.md §2.2–2.3).
+
+`JUDGES` maps backend names to classes: the built-ins below, entry points of group
+`rised_jax.judges`, and import paths "package.module:Class" (`rised_jax.plugins`); a plug-in is a
+concrete `Judge` subclass constructed as `cls(vocab, **judge.options)`.
+"""
 from __future__ import annotations
 
 from typing import Any
 
+from rised_jax import plugins
 from rised_jax.rubrics import registry
 from rised_jax.rubrics.judge import Judge, JudgeError, JudgeStats, LLMJudge, RemoteJudge
 from rised_jax.rubrics.llm_judges import GeminiJudge, InProcessJudge, OpenAICompatibleJudge
@@ -19,12 +25,13 @@ __all__ = [
     "pool_profiles", "tag_frequencies",
 ]
 
-JUDGES: dict[str, type[Judge]] = {
+JUDGES = plugins.Registry("judge", {
     cls.backend: cls for cls in (RuleBasedJudge, GeminiJudge, OpenAICompatibleJudge,
                                  InProcessJudge)
-}
+}, check=plugins.check_subclass(Judge))
 
 
 def make_judge(name: str, vocab: Vocabulary, **options: Any) -> Judge:
-  """A judge by backend name ("rules", "genai", "openai", "inprocess") with its options."""
+  """A judge by backend name ("rules", "genai", "openai", "inprocess", an entry point or an
+  import path) with its options."""
   return registry.build("judge", JUDGES, name, vocab, **options)

@@ -1,4 +1,9 @@
-"""Name → class registries whose errors name the unknown name or option (used by configs)."""
+"""Name → class registries whose errors name the unknown name or option (used by configs).
+
+A registry is any name -> class mapping; `rised_jax.plugins.Registry` (judges, selectors,
+environments) also resolves entry points and import paths on lookup, so a plug-in's options are
+checked here like a built-in's.
+"""
 from __future__ import annotations
 
 import inspect
@@ -36,8 +41,10 @@ def check(kind: str, registry: Mapping[str, type], name: str, options: Mapping[s
   `positional` arguments are passed by the caller (a vocabulary); `supplied` names keyword
   options the caller adds itself (the pipeline's in-process `generate_text`).
   """
-  if name not in registry:
-    raise ValueError(f"unknown {kind} {name!r}; expected one of {sorted(registry)}")
+  if name not in registry:   # a plug-in that fails to import raises its PluginError here
+    unknown = getattr(registry, "unknown_message", None)
+    raise ValueError(unknown(name) if unknown else
+                     f"unknown {kind} {name!r}; expected one of {sorted(registry)}")
   params = list(_parameters(registry[name]).items())[positional:]
   accepted = [n for n, _ in params]
   unknown = sorted(set(options) - set(accepted))

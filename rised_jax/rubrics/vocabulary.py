@@ -3,7 +3,9 @@
 A vocabulary is data: a JSON file holding a list of entries
 `{"id": str, "polarity": "+" | "-", "description": str}`. The built-in `agentic_v1`
 (rubrics/data/agentic_v1.json) is this project's own choice **[R-choice: the vocabulary]**;
-a config may name any other file instead.
+a config may name any other file instead, or a plug-in: an entry point of group
+`rised_jax.vocabularies` or an import path "package.module:ATTRIBUTE" whose object is a
+`Vocabulary`, a list of entries, a path to a JSON file, or a callable returning one of these.
 
 Tag vectors are multi-hot float32 arrays over the entries, in file order.
 """
@@ -18,7 +20,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from rised_jax import json_data
+from rised_jax import json_data, plugins
 
 BUILTIN_VOCABULARIES = ("agentic_v1",)
 _ID_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
@@ -118,9 +120,13 @@ class Vocabulary:
       text, source = resource.read_text(encoding="utf-8"), f"{name} (built-in)"
     else:
       if not os.path.isfile(name):
+        if name in plugins.entry_points(plugins.GROUPS["vocabulary"]) or \
+            plugins.is_import_path(name):
+          return cls._from_plugin(name)
         raise VocabularyError(
-            f"vocabulary {name!r}: no such file; expected a JSON file path or one of the "
-            f"built-in names {list(BUILTIN_VOCABULARIES)}")
+            f"vocabulary {name!r}: no such file; expected a JSON file path, one of the "
+            f"built-in names {list(BUILTIN_VOCABULARIES)}, an entry point of group "
+            f"{plugins.GROUPS['vocabulary']!r} or an import path 'package.module:ATTRIBUTE'")
       with open(name, "rb") as f:
         text, source = json_data.decode_utf8(f.read(), f"vocabulary {name}", VocabularyError), name
     json_data.check_shape(text, f"vocabulary {source}", VocabularyError)
@@ -130,6 +136,29 @@ class Vocabulary:
       raise VocabularyError(
           f"vocabulary {source}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
     return cls.from_json_data(data, source)
+
+  @classmethod
+  def _from_plugin(cls, name: str) -> "Vocabulary":
+    """The vocabulary an entry point or import path names (module docstring)."""
+    entry = plugins.entry_points(plugins.GROUPS["vocabulary"]).get(name)
+    try:
+      found = entry.load() if entry is not None else plugins.import_object("vocabulary", name)
+      if callable(found) and not isinstance(found, type):
+        found = found()
+    except VocabularyError:
+      raise
+    except Exception as error:  # foreign code  # pylint: disable=broad-except
+      raise VocabularyError(f"vocabulary {name!r}: loading the plug-in failed: "
+                            f"{type(error).__name__}: {error}") from error
+    if isinstance(found, cls):
+      return found
+    if isinstance(found, list):
+      return cls.from_json_data(found, f"{name} (plug-in)")
+    if isinstance(found, (str, os.PathLike)) and os.path.isfile(found):
+      return cls.load(found)
+    raise VocabularyError(f"vocabulary {name!r}: the plug-in is {type(found).__name__}; expected a "
+                          "Vocabulary, a list of {id, polarity, description} entries, a JSON file "
+                          "path or a callable returning one of these")
 
   def __len__(self) -> int:
     return len(self.entries)

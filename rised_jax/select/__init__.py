@@ -1,8 +1,14 @@
-"""Group selection: RISED's profile-guided selector and the baselines, behind one interface."""
+"""Group selection: RISED's profile-guided selector and the baselines, behind one interface.
+
+`SELECTORS` maps names to classes: the built-ins below, entry points of group
+`rised_jax.selectors`, and import paths "package.module:Class" (`rised_jax.plugins`); a plug-in
+is a concrete `Selector` subclass whose constructor takes `seed` and its options as keywords.
+"""
 from __future__ import annotations
 
 from typing import Any
 
+from rised_jax import plugins
 from rised_jax.rubrics import registry
 from rised_jax.select.base import Selector
 from rised_jax.select.baselines import (CurriculumSelector, DapoSelector, RandomSelector,
@@ -15,13 +21,13 @@ __all__ = [
     "greedy_select", "make_selector",
 ]
 
-SELECTORS: dict[str, type[Selector]] = {
+SELECTORS = plugins.Registry("selector", {
     cls.name: cls for cls in (RisedSelector, UniformSelector, RandomSelector, DapoSelector,
                               VarianceSelector, CurriculumSelector, SuccessRateSelector)
-}
+}, check=plugins.check_subclass(Selector))
 
 
 def make_selector(name: str, **options: Any) -> Selector:
   """A selector by name ("rised", "uniform", "random", "dapo", "variance", "env_curriculum",
-  "success_rate")."""
+  "success_rate", an entry point or an import path)."""
   return registry.build("selector", SELECTORS, name, **options)

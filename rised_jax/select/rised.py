@@ -59,8 +59,8 @@ from rised_jax.types import Group, Task
 
 
 def instance_of(task: Task) -> str:
-  """The instance key of a task (its `Task.key` outside the environment registry)."""
-  if task.env in envs.names():
+  """The instance key of a task (its `Task.key` for a name that is no environment)."""
+  if envs.is_environment(task.env):
     return envs.instance_key(task.env, task.seed, task.difficulty)
   return task.key
 
