@@ -162,7 +162,8 @@ def _load_model(config: ml_collections.ConfigDict):
   _say(f"loading model {config.model.source} ({config.model.dtype})…")
   start = time.perf_counter()
   model, tokenizer = model_lib.from_pretrained(config.model.source, dtype=config.model.dtype,
-                                               remat=config.model.remat)
+                                               remat=config.model.remat,
+                                               scan_layers=config.model.scan_layers)
   params = jax.tree.leaves(nnx.state(model, nnx.Param))
   count = sum(int(np.prod(p.shape)) for p in params)
   size = sum(int(np.prod(p.shape)) * p.dtype.itemsize for p in params)
