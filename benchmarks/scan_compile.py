@@ -84,6 +84,8 @@ def compare(cfg: ModelConfig, step_config: step_lib.StepConfig,
     print(f"[{label}] {side}: compiling ...", flush=True)
     sides[side] = compile_case(cfg, step_config, optimizer, batch, scan=side == "scanned",
                                run=run)
+    print(f"[{label}] {side}: compiled in {sides[side]['compile_s']:.1f} s, temp "
+          f"{common.gib(sides[side]['memory']['temp_bytes'])}", flush=True)
   unrolled, scanned = sides["unrolled"], sides["scanned"]
   if run and not math.isclose(scanned["loss"], unrolled["loss"], rel_tol=LOSS_RTOL,
                               abs_tol=LOSS_RTOL):
