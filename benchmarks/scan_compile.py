@@ -157,7 +157,8 @@ def _row(label: str, case: dict[str, Any]) -> str:
   u, s = case["unrolled"], case["scanned"]
   return (f"{label:>14s} {u['compile_s']:10.1f} {s['compile_s']:10.1f} "
           f"{case['scanned_over_unrolled_compile']:7.2f} "
-          f"{common.gib(u['memory']['temp_bytes']):>11s} {common.gib(s['memory']['temp_bytes']):>11s} "
+          f"{common.gib(u['memory']['temp_bytes']):>11s} "
+          f"{common.gib(s['memory']['temp_bytes']):>11s} "
           f"{case['scanned_over_unrolled_temp']:7.2f}")
 
 

@@ -161,11 +161,10 @@ def test_residual_stream_is_constrained_after_every_sub_layer(scan):
 
 def test_activation_rules_split_rows_over_data_and_fsdp():
   mesh = jax.sharding.AbstractMesh((2, 2, 1), parallel.MESH_AXES)
-  assert parallel.logical_to_spec(dec.ACTIVATION_AXES, (8, 5, 64), mesh) == jax.sharding.PartitionSpec(
-      ("data", "fsdp"), None, None)
+  spec = lambda shape: parallel.logical_to_spec(dec.ACTIVATION_AXES, shape, mesh)  # noqa: E731
+  assert spec((8, 5, 64)) == jax.sharding.PartitionSpec(("data", "fsdp"), None, None)
   # Rows that data × fsdp does not divide stay replicated, as parameters do.
-  assert parallel.logical_to_spec(dec.ACTIVATION_AXES, (6, 5, 64), mesh) == jax.sharding.PartitionSpec(
-      None, None, None)
+  assert spec((6, 5, 64)) == jax.sharding.PartitionSpec(None, None, None)
 
 
 def _sharded_and_single_device_steps(out: str) -> None:
