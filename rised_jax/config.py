@@ -70,6 +70,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.param_dtype = "float32"
   c.model.compute_dtype = "float32"
   c.model.remat = False
+  c.model.scan_layers = False   # stacked layers under one lax.scan (compile time flat in depth)
 
   c.envs = ml_collections.ConfigDict()
   c.envs.names = ["sokoban", "frozenlake", "countdown", "maze"]

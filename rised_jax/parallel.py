@@ -15,6 +15,7 @@ array, so any config runs on any mesh.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
@@ -27,8 +28,10 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
-# logical axis name -> mesh axis (or None: replicated)
-LOGICAL_RULES: Mapping[str, str | None] = {
+# logical axis name -> mesh axis, a tuple of mesh axes (split over their product), or None
+# (replicated). The activation_* names are the decoder's residual stream [B, T, D], laid out
+# as the batch is fed (`batch_sharding`).
+LOGICAL_RULES: Mapping[str, str | tuple[str, ...] | None] = {
     "vocab": "tensor",
     "embed": "fsdp",
     "heads": "tensor",
@@ -37,6 +40,9 @@ LOGICAL_RULES: Mapping[str, str | None] = {
     "head_dim": None,
     "norm": None,
     "layers": None,
+    "activation_batch": BATCH_AXES,
+    "activation_length": None,
+    "activation_embed": None,
 }
 
 
@@ -76,8 +82,9 @@ def make_mesh(shape: MeshShape = MeshShape(), devices: Sequence[jax.Device] | No
   return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
-def logical_to_spec(names: Sequence[str | None] | None, shape: Sequence[int], mesh: Mesh,
-                    rules: Mapping[str, str | None] = LOGICAL_RULES) -> P:
+def logical_to_spec(names: Sequence[str | None] | None, shape: Sequence[int],
+                    mesh: Mesh | jax.sharding.AbstractMesh,
+                    rules: Mapping[str, Any] = LOGICAL_RULES) -> P:
   """PartitionSpec for one array from its logical axis names."""
   if not names:
     return P()
@@ -88,13 +95,33 @@ def logical_to_spec(names: Sequence[str | None] | None, shape: Sequence[int], me
   for name, size in zip(names, shape):
     if name is not None and name not in rules:
       raise ValueError(f"logical axis {name!r} has no rule; known: {sorted(rules)}")
-    axis = rules.get(name) if name is not None else None
-    if axis is None or axis in used or size % mesh.shape[axis]:
+    rule = rules.get(name) if name is not None else None
+    axes = () if rule is None else (rule,) if isinstance(rule, str) else tuple(rule)
+    if not axes or used & set(axes) or size % int(np.prod([mesh.shape[a] for a in axes])):
       spec.append(None)
     else:
-      spec.append(axis)
-      used.add(axis)
+      spec.append(axes[0] if isinstance(rule, str) else axes)
+      used.update(axes)
   return P(*spec)
+
+
+def constrain(x: jax.Array, names: Sequence[str | None],
+              rules: Mapping[str, Any] = LOGICAL_RULES) -> jax.Array:
+  """`with_sharding_constraint` of x by its logical axis names, against the mesh in context
+  (`under_mesh`, `jax.set_mesh`); x unchanged outside any mesh context."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x
+  return jax.lax.with_sharding_constraint(x, logical_to_spec(names, x.shape, mesh, rules))
+
+
+def under_mesh(fn: Callable[..., Any], mesh: Mesh) -> Callable[..., Any]:
+  """fn traced with `mesh` as the mesh in context, so that `constrain` inside it applies."""
+  @functools.wraps(fn)
+  def traced_under_mesh(*args, **kwargs):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args, **kwargs)
+  return traced_under_mesh
 
 
 def _logical_names(variable: nnx.Variable) -> tuple[str | None, ...] | None:

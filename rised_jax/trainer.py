@@ -194,7 +194,8 @@ def _load_model(config: ml_collections.ConfigDict):
   _say(f"loading model {m.source} ({m.param_dtype} weights, {m.compute_dtype} compute)…")
   start = time.perf_counter()
   model, tokenizer = model_lib.from_pretrained(m.source, dtype=m.compute_dtype,
-                                               param_dtype=m.param_dtype, remat=m.remat)
+                                               param_dtype=m.param_dtype, remat=m.remat,
+                                               scan_layers=m.scan_layers)
   params = jax.tree.leaves(nnx.state(model, nnx.Param))
   count = sum(int(np.prod(p.shape)) for p in params)
   size = sum(int(np.prod(p.shape)) * p.dtype.itemsize for p in params)

@@ -113,12 +113,12 @@ def state_of(model) -> dict[str, np.ndarray]:
 
 
 def decoder_from_hf(model, dtype: str = "float32", param_dtype: str | None = None,
-                    remat: bool = False):
+                    remat: bool = False, scan_layers: bool = False):
   """Our Decoder with the weights of a transformers model."""
   cfg = ModelConfig.from_hf(model.config.to_dict(), source="transformers config")
   return build_from_state(cfg, state_of(model), "transformers state dict",
                           dtype=DTYPES[dtype], param_dtype=DTYPES[param_dtype or dtype],
-                          remat=remat)
+                          remat=remat, scan_layers=scan_layers)
 
 
 def hf_logits(model, ids: Sequence[int]) -> np.ndarray:
@@ -140,11 +140,12 @@ def random_state(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def random_decoder(cfg: ModelConfig, seed: int = 0, dtype: str = "float32",
-                   param_dtype: str | None = None, remat: bool = False):
+                   param_dtype: str | None = None, remat: bool = False,
+                   scan_layers: bool = False):
   """A Decoder whose parameters (norm scales and biases included) are all random; no torch."""
   return build_from_state(cfg, random_state(cfg, seed), f"random_state(seed={seed})",
                           dtype=DTYPES[dtype], param_dtype=DTYPES[param_dtype or dtype],
-                          remat=remat)
+                          remat=remat, scan_layers=scan_layers)
 
 
 def random_rows(lengths: Sequence[int], seed: int = 0, vocab: int = VOCAB) -> list[list[int]]:

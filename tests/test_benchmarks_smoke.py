@@ -1,5 +1,5 @@
 """Smoke tests of the learning-core benchmarks (benchmarks/train_step.py, loss_memory.py,
-vs_tunix.py): each runs its whole code path at the tiniest setting, and the JSON it writes
+vs_tunix.py, scan_compile.py): each runs its whole code path at the tiniest setting, and the JSON it writes
 must hold consistent values (ratios computed from the times it reports, FLOPs equal to a
 hand-worked count, memory parts adding up, chunked = naive loss). Wall-clock times are never
 asserted. The tunix comparison runs only where `.venv-tunix` exists (vs_tunix.py creates it).
@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks import common, loss_memory, vs_tunix
+from benchmarks import common, loss_memory, scan_compile, vs_tunix
 from benchmarks import train_step as train_step_bench
 
 TINY = "qwen3-2l-d128"
@@ -165,12 +165,49 @@ def test_loss_memory_reports_a_naive_version_it_does_not_run(tmp_path):
   assert result["naive"]["temp_bytes"] > 0
 
 
+def test_scan_compile_ratios_follow_from_reported_times(tmp_path):
+  out = tmp_path / "scan_compile.json"
+  result = scan_compile.main(["--layers", "1,2", "--batch", "1", "--prompt-len", "4",
+                              "--response-len", "12", "--chunk", "16", "--out", str(out)])
+  assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+  assert result["benchmark"] == "scan_compile"
+  assert [d["layers"] for d in result["depths"]] == [1, 2]
+  for depth in result["depths"]:
+    unrolled, scanned = depth["unrolled"], depth["scanned"]
+    assert _close(depth["scanned_over_unrolled_compile"],
+                  scanned["compile_s"] / unrolled["compile_s"])
+    assert _close(depth["scanned_over_unrolled_temp"],
+                  scanned["memory"]["temp_bytes"] / unrolled["memory"]["temp_bytes"])
+    # Same weights, same batch: the one step each side ran gives the same loss.
+    assert math.isfinite(unrolled["loss"])
+    assert math.isclose(scanned["loss"], unrolled["loss"], rel_tol=1e-4)
+    for side in (unrolled, scanned):
+      memory = side["memory"]
+      assert memory["total_bytes"] == (memory["argument_bytes"] + memory["output_bytes"]
+                                       - memory["alias_bytes"] + memory["temp_bytes"])
+  # The parameters (and Adam's moments) of the 2-layer model outweigh the 1-layer one's.
+  args_1, args_2 = (d["unrolled"]["memory"]["argument_bytes"] for d in result["depths"])
+  d, f, heads, kv_heads, head_dim = 128, 512, 4, 2, 32
+  per_layer = (d * heads * head_dim * 2 + d * kv_heads * head_dim * 2 + 3 * d * f + 2 * d
+               + 2 * head_dim)
+  assert args_2 - args_1 == 3 * 4 * per_layer
+  for depth in result["depths"]:
+    assert depth["scanned"]["memory"]["argument_bytes"] == depth["unrolled"]["memory"][
+        "argument_bytes"]
+  ratios = result["deep_over_shallow_compile"]
+  for side in ("unrolled", "scanned"):
+    assert _close(ratios[side], result["depths"][1][side]["compile_s"]
+                  / result["depths"][0][side]["compile_s"])
+  assert result["target"]["met"] == (ratios["scanned"] <= 1.5)
+
+
 @pytest.mark.parametrize("module, argv, message", [
     (train_step_bench, ["--models", "qwen9"], "--models"),
     (train_step_bench, ["--response-len", "1"], "--response-len must be >= 2"),
     (loss_memory, ["--chunk", "0"], "--chunk must be >= 1"),
     (vs_tunix, ["--driver", "/nonexistent/tunix_grpo_bench.py"], "--driver"),
     (vs_tunix, ["--configs", "qwen3-9l"], "--configs"),
+    (scan_compile, ["--layers", "12,4"], "--layers needs at least two depths"),
 ])
 def test_bad_arguments_are_named(module, argv, message, capsys):
   with pytest.raises(SystemExit):

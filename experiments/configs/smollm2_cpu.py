@@ -16,6 +16,10 @@ def get_config(arg: str | None = None):
   c.algorithm = arg or "rised"
   c.model.source = "smollm2-135m-instruct"
   c.model.remat = True   # without it the backward pass keeps every layer's attention scores
+  # One lax.scan over the 30 layers: a 4 x 320 step compiled in 80 s against 1564 s unrolled
+  # (same busy machine; 98-179 s unrolled when quiet), with 1.6 instead of 2.5 GiB of scratch
+  # (benchmarks/scan_compile.py --main-job), and the decode step is no slower.
+  c.model.scan_layers = True
   c.envs.names = ["frozenlake", "maze", "countdown", "sokoban"]
   # Easy settings (one-move FrozenLake and Sokoban) so that this model wins some rollouts and
   # groups have reward variance to learn from; short episodes because every turn re-reads the

@@ -559,7 +559,8 @@ def create(model: nnx.Module, optimizer: optax.GradientTransformation, config: S
   state_shardings = TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings,
                                rng=replicated, teacher_params=teacher_shardings,
                                ref_params=ref_shardings)
-  step_fn = make_step_fn(graphdef, rest, optimizer, config)
+  # Traced under the mesh: the decoder's activation sharding constraints apply against it.
+  step_fn = parallel.under_mesh(make_step_fn(graphdef, rest, optimizer, config), mesh)
   # The batch keeps the shardings `Trainable.put_batch` gave it.
   jitted = jax.jit(step_fn, in_shardings=(state_shardings, None),
                    out_shardings=(state_shardings, replicated), donate_argnums=0)

@@ -39,16 +39,17 @@ def _dtype(name: str, key: str):
 
 
 def from_config(cfg: ModelConfig, seed: int = 0, *, dtype: str = "float32",
-                param_dtype: str | None = None, remat: bool = False) -> Decoder:
+                param_dtype: str | None = None, remat: bool = False,
+                scan_layers: bool = False) -> Decoder:
   """A randomly initialised Decoder (normal(initializer_range) kernels, unit norms)."""
   return Decoder(cfg, dtype=_dtype(dtype, "dtype"),
                  param_dtype=_dtype(param_dtype or dtype, "param_dtype"), remat=remat,
-                 rngs=nnx.Rngs(seed))
+                 scan_layers=scan_layers, rngs=nnx.Rngs(seed))
 
 
 def from_pretrained(source: str | os.PathLike, dtype: str = "float32", *,
-                    param_dtype: str | None = None, remat: bool = False
-                    ) -> tuple[Decoder, Tokenizer]:
+                    param_dtype: str | None = None, remat: bool = False,
+                    scan_layers: bool = False) -> tuple[Decoder, Tokenizer]:
   """(model, tokenizer) from an HF directory, a .gguf file or a packaged model name.
 
   Args:
@@ -57,9 +58,11 @@ def from_pretrained(source: str | os.PathLike, dtype: str = "float32", *,
     dtype: compute dtype, "float32" or "bfloat16".
     param_dtype: parameter storage dtype; defaults to `dtype`.
     remat: rematerialise layers in the backward pass.
+    scan_layers: stack the layers and run them with one `lax.scan` (see `Decoder`).
   """
   kwargs = dict(dtype=_dtype(dtype, "dtype"),
-                param_dtype=_dtype(param_dtype or dtype, "param_dtype"), remat=remat)
+                param_dtype=_dtype(param_dtype or dtype, "param_dtype"), remat=remat,
+                scan_layers=scan_layers)
   path = Path(source).expanduser()
   if path.is_dir():
     return hf_io.load_hf_dir(path, **kwargs)

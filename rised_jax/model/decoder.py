@@ -25,10 +25,14 @@ Logical axes. Every parameter carries its axis names as `out_sharding` metadata
   head_dim  features of one head
   mlp       the MLP hidden dimension
   norm      RMSNorm scales
+  layers    the leading axis of stacked layer parameters (`scan_layers`)
 Parameters are created unsharded (`eager_sharding=False`); placing them on a mesh is the
-parallel module's job. Kernels are laid out [in..., out...] with heads kept as their own axis:
-q [embed, heads, head_dim], k/v [embed, kv_heads, head_dim], o [heads, head_dim, embed],
-gate/up [embed, mlp], down [mlp, embed], unembedding [embed, vocab].
+parallel module's job. The residual stream is constrained to the logical activation axes
+`ACTIVATION_AXES` (batch, length, embed) after the embedding and after every sub-layer,
+against the mesh in context (none: no constraint). Kernels are laid out [in..., out...]
+with heads kept as their own axis: q [embed, heads, head_dim], k/v [embed, kv_heads,
+head_dim], o [heads, head_dim, embed], gate/up [embed, mlp], down [mlp, embed], unembedding
+[embed, vocab].
 """
 from __future__ import annotations
 
@@ -40,11 +44,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rised_jax import parallel
 from rised_jax.model.config import ModelConfig, RopeConfig
 
 VOCAB, EMBED, HEADS, KV_HEADS, HEAD_DIM, MLP_AXIS, NORM = (
     "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm")
 LOGICAL_AXES = (VOCAB, EMBED, HEADS, KV_HEADS, HEAD_DIM, MLP_AXIS, NORM)
+# The leading axis of stacked (scanned) layer parameters.
+LAYERS = "layers"
+# Logical axes of the residual stream [B, T, D] between sub-layers.
+ACTIVATION_AXES = ("activation_batch", "activation_length", "activation_embed")
 
 # Query columns per block of `causal_block_attention`, and the most blocks per sequence:
 # every block is unrolled into the compiled program, so compile time grows with their number,
@@ -336,6 +345,14 @@ def _param(rngs: nnx.Rngs, init: Callable, shape: tuple[int, ...], axes: tuple[s
   return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=axes, eager_sharding=False)
 
 
+def _dense(x: jax.Array, kernel: nnx.Param, bias: nnx.Param | None, dtype,
+           in_dims: int = 1) -> jax.Array:
+  """x [..., *in] @ kernel [*in, *out] (+ bias [*out]) in the compute dtype, as one 2-D
+  matmul (`flat_matmul`)."""
+  out = flat_matmul(x, kernel[...].astype(dtype), in_dims=in_dims)
+  return out if bias is None else out + bias[...].astype(dtype)
+
+
 class RMSNorm(nnx.Module):
   """RMSNorm with a learned scale (stored as an offset from one when `plus_one`)."""
 
@@ -376,11 +393,6 @@ class Attention(nnx.Module):
     self.softcap = cfg.attn_logit_softcap
     self.dtype = dtype
 
-  def _project(self, x: jax.Array, kernel: nnx.Param, bias: nnx.Param | None) -> jax.Array:
-    """x [B, T, D] -> [B, T, N, hd] through a [D, N, hd] kernel, as one 2-D matmul."""
-    out = flat_matmul(x, kernel[...].astype(self.dtype), in_dims=1)
-    return out if bias is None else out + bias[...].astype(self.dtype)
-
   def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
                kv: tuple[jax.Array, jax.Array] | None = None,
                cache_index: jax.Array | None = None
@@ -390,9 +402,10 @@ class Attention(nnx.Module):
     With `kv` (one layer's cache [B, S, KVH, hd]) the new keys/values are written at slots
     cache_index.. and the queries attend over the whole cache.
     """
-    q = self._project(x, self.q_proj, self.q_bias if self.qkv_bias else None)
-    k = self._project(x, self.k_proj, self.k_bias if self.qkv_bias else None)
-    v = self._project(x, self.v_proj, self.v_bias if self.qkv_bias else None)
+    # [B, T, D] -> [B, T, N, hd] through the [D, N, hd] kernels.
+    q = _dense(x, self.q_proj, self.q_bias if self.qkv_bias else None, self.dtype)
+    k = _dense(x, self.k_proj, self.k_bias if self.qkv_bias else None, self.dtype)
+    v = _dense(x, self.v_proj, self.v_bias if self.qkv_bias else None, self.dtype)
     if self.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -405,10 +418,7 @@ class Attention(nnx.Module):
       v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), start)
       out = attention(q, k.astype(self.dtype), v.astype(self.dtype), mask, scale=self.scale,
                       softcap=self.softcap)
-    out = flat_matmul(out, self.o_proj[...].astype(self.dtype), in_dims=2)
-    if self.o_bias is not None:
-      out = out + self.o_bias[...].astype(self.dtype)
-    return out, (k, v)
+    return _dense(out, self.o_proj, self.o_bias, self.dtype, in_dims=2), (k, v)
 
 
 class MLP(nnx.Module):
@@ -429,15 +439,11 @@ class MLP(nnx.Module):
     self.act = _ACTIVATIONS[cfg.hidden_act]
     self.dtype = dtype
 
-  def _linear(self, x: jax.Array, kernel: nnx.Param, bias: nnx.Param | None) -> jax.Array:
-    out = flat_matmul(x, kernel[...].astype(self.dtype), in_dims=1)
-    return out if bias is None else out + bias[...].astype(self.dtype)
-
   def __call__(self, x: jax.Array) -> jax.Array:
-    gate = self._linear(x, self.gate_proj, self.gate_bias if self.bias else None)
-    up = self._linear(x, self.up_proj, self.up_bias if self.bias else None)
-    return self._linear(self.act(gate) * up, self.down_proj,
-                        self.down_bias if self.bias else None)
+    gate = _dense(x, self.gate_proj, self.gate_bias if self.bias else None, self.dtype)
+    up = _dense(x, self.up_proj, self.up_bias if self.bias else None, self.dtype)
+    return _dense(self.act(gate) * up, self.down_proj, self.down_bias if self.bias else None,
+                  self.dtype)
 
 
 class DecoderLayer(nnx.Module):
@@ -461,15 +467,70 @@ class DecoderLayer(nnx.Module):
     attn_out, kv = self.attn(self.pre_attn_norm(x), cos, sin, mask, kv, cache_index)
     if self.sandwich:
       attn_out = self.post_attn_norm(attn_out)
-    x = x + attn_out
+    x = constrain_activations(x + attn_out)
     mlp_out = self.mlp(self.pre_mlp_norm(x))
     if self.sandwich:
       mlp_out = self.post_mlp_norm(mlp_out)
-    return x + mlp_out, kv
+    return constrain_activations(x + mlp_out), kv
 
 
 def _run_layer(layer: DecoderLayer, *args):
   return layer(*args)
+
+
+def constrain_activations(x: jax.Array) -> jax.Array:
+  """The residual stream [B, T, D] pinned to the (batch, length, embed) activation layout of
+  the mesh in context (`parallel.LOGICAL_RULES`: rows over data × fsdp, the rest replicated),
+  so that GSPMD never picks another layout for it between sub-layers (e.g. the fsdp-sharded
+  embed dimension of the weights). Identity outside a mesh context."""
+  return parallel.constrain(x, ACTIVATION_AXES)
+
+
+def _stacked_layers(cfg: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> DecoderLayer:
+  """One DecoderLayer whose parameters carry a leading [L] axis (logical name `layers`), each
+  layer initialised from its own split of `rngs`."""
+  @nnx.split_rngs(splits=cfg.num_layers)
+  @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: LAYERS})
+  def make(layer_rngs: nnx.Rngs) -> DecoderLayer:
+    return DecoderLayer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=layer_rngs)
+  return make(rngs)
+
+
+def _pick(stack: jax.Array, index: jax.Array) -> jax.Array:
+  """stack[index] along the leading axis (no gather when there is one entry)."""
+  if stack.shape[0] == 1:
+    return stack[0]
+  return jax.lax.dynamic_index_in_dim(stack, index, keepdims=False)
+
+
+def _scan_layers(layers: DecoderLayer, x: jax.Array, tables: list[tuple[jax.Array, jax.Array]],
+                 masks: list[jax.Array], rope_of: list[int], window_of: list[int],
+                 kv: tuple[jax.Array, jax.Array] | None, cache_index: jax.Array | None,
+                 remat: bool) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+  """Runs stacked layers ([L, ...] parameters) as one `lax.scan`: the layer is traced and
+  compiled once, whatever L, and under a gradient only each layer's input x is kept.
+
+  Layer i uses RoPE tables tables[rope_of[i]] and mask masks[window_of[i]] (Gemma 3 mixes
+  local and global layers), picked inside the body by index. kv: the cache's keys and values
+  [L, B, S, KVH, hd], scanned with the layers; returns the updated ones (None without a cache).
+  With `remat`, each layer's body is rematerialised (`jax.checkpoint`) in the backward pass.
+  """
+  graphdef, params = nnx.split(layers)
+  cos = jnp.stack([c for c, _ in tables])
+  sin = jnp.stack([s for _, s in tables])
+  mask = jnp.stack(masks)
+
+  def body(x, per_layer):
+    layer_params, rope, window, layer_kv = per_layer
+    layer = nnx.merge(graphdef, layer_params)
+    x, new_kv = layer(x, _pick(cos, rope), _pick(sin, rope), _pick(mask, window), layer_kv,
+                      cache_index)
+    return x, (None if layer_kv is None else new_kv)
+
+  if remat:
+    body = jax.checkpoint(body, prevent_cse=False)   # prevent_cse is not needed in a scan
+  return jax.lax.scan(body, x, (params, jnp.asarray(rope_of, jnp.int32),
+                                jnp.asarray(window_of, jnp.int32), kv))
 
 
 class Decoder(nnx.Module):
@@ -480,21 +541,29 @@ class Decoder(nnx.Module):
     dtype: compute dtype (activations, matmul inputs); norms, RoPE, softmax and the returned
       logits are float32.
     param_dtype: storage dtype of the parameters.
-    remat: rematerialise each layer in the backward pass (`nnx.remat`), trading compute for
-      activation memory.
+    remat: rematerialise each layer in the backward pass (`nnx.remat`, or `jax.checkpoint`
+      of the scan body), trading compute for activation memory.
+    scan_layers: store the layers stacked (one DecoderLayer whose parameters are [L, ...],
+      logical axis `layers`) and run them with one `lax.scan`, so that compile time and
+      activation memory stop growing with depth. The HF checkpoint layout is unchanged:
+      hf_io stacks on load and unstacks on export.
     rngs: random init (from_pretrained overwrites every parameter).
   """
 
   def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
-               remat: bool = False, rngs: nnx.Rngs):
+               remat: bool = False, scan_layers: bool = False, rngs: nnx.Rngs):
     self.cfg = cfg
     self.dtype = dtype
     self.remat = remat
+    self.scan_layers = scan_layers
     init = jax.nn.initializers.normal(cfg.initializer_range)
     self.embed = _param(rngs, init, (cfg.vocab_size, cfg.hidden_size), (VOCAB, EMBED),
                         param_dtype)
-    self.layers = nnx.List([DecoderLayer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-                            for _ in range(cfg.num_layers)])
+    if scan_layers:
+      self.layers = _stacked_layers(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    else:
+      self.layers = nnx.List([DecoderLayer(cfg, dtype=dtype, param_dtype=param_dtype,
+                                           rngs=rngs) for _ in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps,
                               plus_one=cfg.norm_plus_one, param_dtype=param_dtype)
     self.lm_head = (None if cfg.tie_word_embeddings else
@@ -510,25 +579,39 @@ class Decoder(nnx.Module):
   def _layers(self, x: jax.Array, q_slots: jax.Array, q_positions: jax.Array,
               k_slots: jax.Array, k_positions: jax.Array, k_valid: jax.Array,
               cache: KVCache | None = None, cache_index: jax.Array | None = None
-              ) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
-    """Runs every layer; RoPE tables and masks are built once per distinct RoPE / window."""
+              ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """Runs every layer; RoPE tables and masks are built once per distinct RoPE / window.
+
+    Returns (hidden states after the final norm, the updated keys and values [L, B, S, KVH,
+    hd] when a cache is given, else None).
+    """
     cfg = self.cfg
-    tables: dict[RopeConfig, tuple[jax.Array, jax.Array]] = {}
-    masks: dict[int | None, jax.Array] = {}
+    ropes: dict[RopeConfig, int] = {}
+    windows: dict[int | None, int] = {}
+    rope_of = [ropes.setdefault(cfg.layer_rope(i), len(ropes)) for i in range(cfg.num_layers)]
+    window_of = [windows.setdefault(cfg.layer_window(i), len(windows))
+                 for i in range(cfg.num_layers)]
+    tables = [rope_tables(q_positions, rope.inv_freq(cfg.head_dim)) for rope in ropes]
+    masks = [visible_keys(q_slots, q_positions, k_slots, k_positions, k_valid, window)
+             for window in windows]
     # Remat only pays off under a gradient; decoding (with a cache) runs inside a while_loop
     # whose trace level nnx.remat must not cross.
-    layer_fn = nnx.remat(_run_layer) if self.remat and cache is None else _run_layer
-    new_kv = []
+    remat = self.remat and cache is None
+    x = constrain_activations(x)
+    kv = None if cache is None else (cache.k, cache.v)
+    if self.scan_layers:
+      x, new_kv = _scan_layers(self.layers, x, tables, masks, rope_of, window_of, kv,
+                               cache_index, remat)
+      return self.final_norm(x), new_kv
+    layer_fn = nnx.remat(_run_layer) if remat else _run_layer
+    keys, values = [], []
     for i, layer in enumerate(self.layers):
-      rope, window = cfg.layer_rope(i), cfg.layer_window(i)
-      if rope not in tables:
-        tables[rope] = rope_tables(q_positions, rope.inv_freq(cfg.head_dim))
-      if window not in masks:
-        masks[window] = visible_keys(q_slots, q_positions, k_slots, k_positions, k_valid,
-                                     window)
-      kv = None if cache is None else (cache.k[i], cache.v[i])
-      x, layer_kv = layer_fn(layer, x, *tables[rope], masks[window], kv, cache_index)
-      new_kv.append(layer_kv)
+      layer_kv = None if kv is None else (kv[0][i], kv[1][i])
+      x, (k, v) = layer_fn(layer, x, *tables[rope_of[i]], masks[window_of[i]], layer_kv,
+                           cache_index)
+      keys.append(k)
+      values.append(v)
+    new_kv = None if kv is None else (jnp.stack(keys), jnp.stack(values))
     return self.final_norm(x), new_kv
 
   def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
@@ -588,6 +671,5 @@ class Decoder(nnx.Module):
     q_slots = cache_index + jnp.arange(new_len)
     hidden, new_kv = self._layers(self._embed(input_ids), q_slots, new_positions, slots,
                                   positions, valid, cache, cache_index)
-    new_cache = KVCache(k=jnp.stack([k for k, _ in new_kv]), v=jnp.stack([v for _, v in new_kv]),
-                        positions=positions, valid=valid)
+    new_cache = KVCache(k=new_kv[0], v=new_kv[1], positions=positions, valid=valid)
     return self.logits(hidden), new_cache

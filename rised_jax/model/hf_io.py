@@ -134,11 +134,25 @@ def weight_specs(cfg: ModelConfig) -> list[_Weight]:
   return specs
 
 
-def _param_at(model: Decoder, path: tuple[str | int, ...]) -> nnx.Param:
+def _param_at(model: Decoder, path: tuple[str | int, ...]) -> tuple[nnx.Param, int | None]:
+  """The parameter holding the tensor at `path` and, when the decoder stacks its layers
+  (`scan_layers`: path ("layers", i, ...) lives at row i of a [L, ...] parameter), the row."""
+  row = None
+  if getattr(model, "scan_layers", False) and path[0] == "layers":
+    path, row = (path[0],) + path[2:], path[1]
   node: Any = model
   for key in path:
     node = node[key] if isinstance(key, int) else getattr(node, key)
-  return node
+  return node, row
+
+
+def _stacked_order(specs: list[_Weight]) -> list[_Weight]:
+  """The specs with each stacked parameter's layers consecutive (a per-layer path's layer
+  index moved last), so that only one parameter's host stack is ever being filled."""
+  def key(spec: _Weight):
+    is_layer = spec.path[0] == "layers"
+    return (is_layer, spec.path[2:] if is_layer else (), spec.path[1] if is_layer else 0)
+  return sorted(specs, key=key)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +189,9 @@ def load_state_dict(model: Decoder, state: Mapping[str, np.ndarray],
     if found != spec.hf_shape:
       raise WeightError(f"{source}: tensor '{spec.hf_name}' has shape {found}, the config "
                         f"({cfg.source}) expects {spec.hf_shape}")
-  for spec in specs:
+  stacked = getattr(model, "scan_layers", False)
+  stack = None   # the host [L, ...] array of the stacked parameter being filled
+  for spec in (_stacked_order(specs) if stacked else specs):
     array = state[spec.hf_name]
     if not jnp.issubdtype(array.dtype, jnp.floating):
       raise WeightError(f"{source}: tensor '{spec.hf_name}' has dtype {array.dtype}, expected "
@@ -188,17 +204,32 @@ def load_state_dict(model: Decoder, state: Mapping[str, np.ndarray],
       raise WeightError(f"{source}: tensor '{spec.hf_name}' has {bad} non-finite value(s) "
                         f"(NaN or inf) of {array.size}, e.g. at index {first}; expected "
                         "finite weights")
-    param = _param_at(model, spec.path)
-    value = _to_ours(spec.layout, array, tuple(param.shape))
-    param.set_value(jnp.asarray(value, dtype=param.dtype))
+    param, row = _param_at(model, spec.path)
+    if row is None:
+      value = _to_ours(spec.layout, array, tuple(param.shape))
+      param.set_value(jnp.asarray(value, dtype=param.dtype))
+      continue
+    if row == 0:
+      stack = np.empty(param.shape, param.dtype)
+    stack[row] = _to_ours(spec.layout, array, tuple(param.shape[1:]))
+    if row == cfg.num_layers - 1:
+      param.set_value(jnp.asarray(stack))
 
 
 def _hf_tensors(model: Decoder, dtype: np.dtype | None) -> Iterator[tuple[str, np.ndarray]]:
   """(HF name, host array) per tensor in checkpoint order. A parameter sharded over several
-  processes' devices is gathered, one tensor at a time: every process must consume this."""
+  processes' devices is gathered, one parameter at a time (a layer-stacked one once, kept for
+  all its rows): every process must consume this."""
+  fetched: dict[int, np.ndarray] = {}
   for spec in weight_specs(model.cfg):
-    array = _to_hf(spec.layout, parallel.to_host(_param_at(model, spec.path)[...]),
-                   spec.hf_shape)
+    param, row = _param_at(model, spec.path)
+    if row is None:
+      host = parallel.to_host(param[...])
+    else:
+      if id(param) not in fetched:
+        fetched[id(param)] = parallel.to_host(param[...])
+      host = fetched[id(param)][row]
+    array = _to_hf(spec.layout, host, spec.hf_shape)
     yield spec.hf_name, np.ascontiguousarray(array if dtype is None else array.astype(dtype))
 
 
@@ -304,17 +335,19 @@ def read_config(model_dir: str | os.PathLike) -> ModelConfig:
 
 
 def abstract_decoder(cfg: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
-                     remat: bool = False) -> Decoder:
+                     remat: bool = False, scan_layers: bool = False) -> Decoder:
   """A Decoder whose parameters are shapes only, to be filled by `load_state_dict`."""
   return nnx.eval_shape(lambda: Decoder(cfg, dtype=dtype, param_dtype=param_dtype,
-                                        remat=remat, rngs=nnx.Rngs(0)))
+                                        remat=remat, scan_layers=scan_layers,
+                                        rngs=nnx.Rngs(0)))
 
 
 def build_from_state(cfg: ModelConfig, state: Mapping[str, np.ndarray], source: str, *,
-                     dtype=jnp.float32, param_dtype=jnp.float32, remat: bool = False
-                     ) -> Decoder:
+                     dtype=jnp.float32, param_dtype=jnp.float32, remat: bool = False,
+                     scan_layers: bool = False) -> Decoder:
   """A Decoder for `cfg` holding the HF-named tensors of `state`."""
-  model = abstract_decoder(cfg, dtype=dtype, param_dtype=param_dtype, remat=remat)
+  model = abstract_decoder(cfg, dtype=dtype, param_dtype=param_dtype, remat=remat,
+                           scan_layers=scan_layers)
   load_state_dict(model, state, source=source)
   unset = [jax.tree_util.keystr(path) for path, leaf in
            jax.tree_util.tree_leaves_with_path(nnx.state(model))
@@ -325,14 +358,14 @@ def build_from_state(cfg: ModelConfig, state: Mapping[str, np.ndarray], source: 
 
 
 def load_hf_dir(model_dir: str | os.PathLike, *, dtype=jnp.float32, param_dtype=jnp.float32,
-                remat: bool = False) -> tuple[Decoder, Tokenizer]:
+                remat: bool = False, scan_layers: bool = False) -> tuple[Decoder, Tokenizer]:
   """(model, tokenizer) from an HF checkpoint directory; config and files checked first."""
   model_dir = Path(model_dir)
   cfg = read_config(model_dir)
   weights = SafetensorsReader(model_dir)
   tokenizer = Tokenizer.from_dir(model_dir)
   model = build_from_state(cfg, weights, str(model_dir), dtype=dtype, param_dtype=param_dtype,
-                           remat=remat)
+                           remat=remat, scan_layers=scan_layers)
   return model, tokenizer
 
 
