@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rised_jax import runlog
+from rised_jax.checks import is_number
 
 # Group kinds (SelectionStats field suffix, label, colour) and tag-label colours by polarity.
 _GROUP_KINDS = (("all_pass", "all-pass", "#4c9a2a"), ("all_fail", "all-fail", "#b03a2e"),
@@ -297,7 +298,7 @@ def metric_curves(run: Run) -> dict[str, MetricCurve]:
   for i, record in enumerate(run.metrics):
     (step,) = _fields(record, ("step",), runlog.METRICS_FILE, i)
     for name, value in record.items():
-      if name in _NOT_CURVES or isinstance(value, bool) or not isinstance(value, (int, float)):
+      if name in _NOT_CURVES or not is_number(value, finite=False):
         continue
       points.setdefault(name, {})[int(step)] = float(value)
   return {name: MetricCurve(np.asarray(sorted(p), np.int64),

@@ -47,13 +47,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import numbers
 import warnings
 from typing import Any, Callable
 
 import ml_collections
 
 from rised_jax.learn import cripo, train_step
+from rised_jax.checks import is_int, is_number
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -420,7 +420,7 @@ def _validate_rubric(config: ml_collections.ConfigDict) -> None:
       cripo_prefix.load_template(rc[key])
   for key, value in (("max_new_tokens", rc.max_new_tokens),
                      ("judge.max_new_tokens", rc.judge.max_new_tokens)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
       raise ValueError(f"config.rubric.{key}={value!r}: expected an integer >= 1")
   if config.rollout.engine == "jax" and rc.max_new_tokens > max(config.rollout.new_token_buckets):
     raise ValueError(f"config.rubric.max_new_tokens={rc.max_new_tokens} is above the largest "
@@ -459,26 +459,17 @@ def _check_known_keys(config: ml_collections.ConfigDict, reference: ml_collectio
       _check_known_keys(sub, ref, dotted + ".")
 
 
-def _is_number(value: Any) -> bool:
-  return (isinstance(value, numbers.Real) and not isinstance(value, bool)
-          and math.isfinite(value))
-
-
-def _is_int(value: Any) -> bool:
-  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _int_at_least(low: int) -> tuple[Callable[[Any], bool], str]:
-  return (lambda v: _is_int(v) and v >= low), f"an integer >= {low}"
+  return (lambda v: is_int(v) and v >= low), f"an integer >= {low}"
 
 
 def _number_at_least(low: float) -> tuple[Callable[[Any], bool], str]:
-  return (lambda v: _is_number(v) and v >= low), f"a finite number >= {low}"
+  return (lambda v: is_number(v) and v >= low), f"a finite number >= {low}"
 
 
 def _sizes(min_len: int) -> tuple[Callable[[Any], bool], str]:
   return ((lambda v: isinstance(v, (list, tuple)) and len(v) >= min_len
-           and all(_is_int(x) and x >= 1 for x in v)),
+           and all(is_int(x) and x >= 1 for x in v)),
           "a list of integers >= 1" + (" (at least one)" if min_len else ""))
 
 
@@ -487,7 +478,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": _int_at_least(0),
     "envs.max_turns": (_int_at_least(0)[0], "an integer >= 0 (0: each environment's own)"),
     "rollout.temperature": (_number_at_least(0)[0], "a finite number >= 0 (0: greedy)"),
-    "rollout.top_p": ((lambda v: _is_number(v) and 0 < v <= 1), "a number in (0, 1]"),
+    "rollout.top_p": ((lambda v: is_number(v) and 0 < v <= 1), "a number in (0, 1]"),
     "rollout.top_k": (_int_at_least(0)[0], "an integer >= 0 (0: no top-k)"),
     "rollout.max_new_tokens_per_turn": _int_at_least(1),
     "rollout.max_total_tokens": _int_at_least(1),
@@ -495,7 +486,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rollout.batch_buckets": _sizes(0),
     "rollout.prompt_buckets": _sizes(1),
     "rollout.new_token_buckets": _sizes(1),
-    "rollout.sglang.timeout_s": ((lambda v: _is_number(v) and v > 0),
+    "rollout.sglang.timeout_s": ((lambda v: is_number(v) and v > 0),
                                  "a finite number of seconds > 0 (the deadline of one request)"),
     "rollout.sglang.retries": _int_at_least(0),
     "judge.max_new_tokens": _int_at_least(1),
@@ -534,7 +525,7 @@ def _check_mesh(config: ml_collections.ConfigDict, num_devices: int | None) -> N
     shape = parallel.MeshShape(**sizes)
   except TypeError:
     raise ValueError(f"config.mesh={sizes}: expected the keys {parallel.MESH_AXES}") from None
-  if not all(_is_int(v) for v in sizes.values()):
+  if not all(is_int(v) for v in sizes.values()):
     raise ValueError(f"config.mesh={sizes}: expected integer sizes (or -1 for all the rest)")
   # Without the devices, resolve against the product of the fixed sizes: that checks the shape
   # itself (sizes positive or -1, at most one -1) and nothing else.

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import numbers
 import os
 import re
 import socket
@@ -53,6 +52,7 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 from rised_jax.rubrics.vocabulary import Vocabulary
 from rised_jax.stats import wilson_interval  # noqa: F401 - re-exported: moved to stats
 from rised_jax.types import Group
+from rised_jax.checks import is_int, is_number
 
 METRICS_FILE = "metrics.jsonl"
 ROLLOUTS_FILE = "rollouts.jsonl"
@@ -97,12 +97,12 @@ def check_results(results: Any, what: str) -> dict[str, dict[str, float | int]]:
     if missing:
       raise ValueError(f"{what}[{env!r}] lacks key(s) {missing}; expected keys {list(RESULT_KEYS)}")
     episodes = result["episodes"]
-    if isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1:
+    if not is_int(episodes) or episodes < 1:
       raise ValueError(f"{what}[{env!r}]['episodes'] = {episodes!r}; expected an int >= 1")
     values = {}
     for key in RESULT_KEYS[:3]:
       value = result[key]
-      if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
+      if not is_number(value, finite=False) or not 0 <= value <= 1:
         raise ValueError(f"{what}[{env!r}][{key!r}] = {value!r}; expected a number in [0, 1]")
       values[key] = float(value)
     if not values["ci_low"] - 1e-9 <= values["pass_rate"] <= values["ci_high"] + 1e-9:
@@ -110,7 +110,7 @@ def check_results(results: Any, what: str) -> dict[str, dict[str, float | int]]:
                        f"[{values['ci_low']}, {values['ci_high']}]; expected ci_low <= pass_rate "
                        "<= ci_high")
     extras = {k: float(v) for k, v in result.items() if k not in RESULT_KEYS
-              and isinstance(v, numbers.Real) and not isinstance(v, bool)}
+              and is_number(v, finite=False)}
     checked[env] = {**values, "episodes": int(episodes), **extras}
   return checked
 
@@ -179,7 +179,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def _check_step(step: Any, method: str) -> int:
-  if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+  if not is_int(step) or step < 0:
     raise ValueError(f"RunLog.{method}: step={step!r}; expected an int >= 0")
   return int(step)
 
@@ -463,7 +463,7 @@ class RunLog:
       except json.JSONDecodeError:
         record = None
       line_step = record.get("step") if isinstance(record, dict) else None
-      if isinstance(line_step, bool) or not isinstance(line_step, int):
+      if not is_int(line_step):
         moved.append(json.dumps({"unparsable_line": line}, ensure_ascii=False))
         continue
       if line_step <= step:

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Sequence
 
 import numpy as np
 import scipy.stats
 
-
-def _is_int(value) -> bool:
-  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+from rised_jax.checks import is_int
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -30,9 +27,9 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
   scipy takes a confidence level, so z becomes 2·Φ(z) − 1 (the level whose two-sided normal
   quantile is z).
   """
-  if not _is_int(n) or n < 1:
+  if not is_int(n) or n < 1:
     raise ValueError(f"wilson_interval: n={n!r}; expected an int >= 1")
-  if not _is_int(successes) or not 0 <= successes <= n:
+  if not is_int(successes) or not 0 <= successes <= n:
     raise ValueError(f"wilson_interval: successes={successes!r}; expected an int in [0, {n}]")
   if not z > 0:
     raise ValueError(f"wilson_interval: z={z!r}; expected a positive number")
@@ -99,7 +96,7 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, seed: int = 0,
   if a.size != b.size or a.size < 2:
     raise ValueError(f"paired_bootstrap: a has {a.size} values and b {b.size}; expected the "
                      "same number >= 2 (one per seed; one pair has no spread to resample)")
-  if not _is_int(resamples) or resamples < 1:
+  if not is_int(resamples) or resamples < 1:
     raise ValueError(f"paired_bootstrap: resamples={resamples!r}; expected an int >= 1")
   diff = a - b
   result = scipy.stats.bootstrap(

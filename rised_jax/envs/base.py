@@ -40,12 +40,12 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
-import numbers
 import random
 from typing import Any, ClassVar, Hashable
 
 from rised_jax.envs import parsing
 from rised_jax.types import Event
+from rised_jax.checks import is_int, is_number
 
 StepResult = tuple[str, float, bool, dict[str, Any]]
 _GIVE_UP = object()  # the parsed form of "give up": handled here for every environment
@@ -64,14 +64,14 @@ class Outcome:
 
 def check_int(env: str, key: str, value: Any, low: int, high: int) -> int:
   """Validates an integer difficulty knob, naming the environment, key and allowed range."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
+  if not is_int(value) or not low <= value <= high:
     raise ValueError(f"{env}: {key} must be an integer in [{low}, {high}], got {value!r}")
   return int(value)
 
 
 def check_float(env: str, key: str, value: Any, low: float, high: float) -> float:
   """Validates a real difficulty knob, naming the environment, key and allowed range."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not low <= value <= high:
+  if not is_number(value, finite=False) or not low <= value <= high:
     raise ValueError(f"{env}: {key} must be a number in [{low}, {high}], got {value!r}")
   return float(value)
 
@@ -121,7 +121,7 @@ class Environment(abc.ABC):
 
   def reset(self, seed: int) -> str:
     """Starts the episode of this seed and returns the first observation."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    if not is_int(seed):
       raise ValueError(f"{self.name}: seed must be an integer, got {seed!r}")
     self._rng = random.Random(int(seed))
     self._turn = 0

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import numbers
 from typing import Mapping, Sequence
 
 import jax
@@ -50,6 +49,7 @@ from rised_jax.rollout.base import (Engine, GenerationRequest, GenerationResult,
                                     generate_or_none)
 from rised_jax.rollout.chat import ChatFormat, join_system_text
 from rised_jax.types import Group, Task, Trajectory, Turn
+from rised_jax.checks import is_int
 
 
 def sampling_seed(seed: int, task: Task, rollout: int, turn: int) -> int:
@@ -91,7 +91,7 @@ class _Episode:
 
 
 def _positive_int(name: str, value: object) -> int:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+  if not is_int(value) or value < 1:
     raise ValueError(f"AgentLoop: {name} must be a positive integer, got {value!r}")
   return int(value)
 
@@ -170,7 +170,7 @@ class AgentLoop:
     for env_name, hint in hints.items():
       if not isinstance(hint, str):
         raise ValueError(f"AgentLoop.run: hints[{env_name!r}] must be a string, got {hint!r}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    if not is_int(seed):
       raise ValueError(f"AgentLoop.run: seed must be an integer, got {seed!r}")
     episodes = [episode for task in tasks
                 for episode in self._start(task, group_size, hints.get(task.env, ""))]
