@@ -8,12 +8,14 @@ integer / real type (Python and NumPy scalars alike):
   is_number(v, finite=True)          a real number, not a bool (finite unless told otherwise)
   require_int(v, name, min=, max=)   v as an int, or ValueError "name=v: expected an integer …"
   require_number(v, name, min=, max=, above=)   the same for a finite real number
+  with named("config.judge"): ...    a ValueError inside gets the key it is about in front
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
-from typing import Any
+from typing import Any, Iterator
 
 
 def is_int(value: Any) -> bool:
@@ -51,3 +53,12 @@ def require_number(value: Any, name: str, *, min: float | None = None,   # noqa:
       or (max is not None and value > max) or (above is not None and value <= above)):
     raise ValueError(f"{name}={value!r}: expected a finite number{_bounds(min, max, above)}")
   return float(value)
+
+
+@contextlib.contextmanager
+def named(where: str) -> Iterator[None]:
+  """Prefixes a ValueError raised inside the block with `where` (the config key it is about)."""
+  try:
+    yield
+  except ValueError as e:
+    raise ValueError(f"{where}: {e}") from None

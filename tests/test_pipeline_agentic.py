@@ -10,24 +10,23 @@ from rised_jax.learn import batching
 from rised_jax.model import tiny
 from rised_jax.pipelines.agentic import AgenticPipeline
 from rised_jax.rollout.base import GenerationResult
+from tests.fake_engine import FakeEngine
 from tests.test_trainer import load_config_file
 
 CONFIG = Path(__file__).resolve().parent.parent / "experiments" / "configs" / "tiny_cpu.py"
 
 
-class RecordingEngine:
+class RecordingEngine(FakeEngine):
   """Answers every request with `reply`, and records every prompt it was given."""
 
   def __init__(self, tokenizer, reply: str):
+    super().__init__()
     self.ids = tokenizer.encode(reply) + [tokenizer.eos_token_id]
     self.prompts: list[list[int]] = []
 
-  def generate(self, requests):
-    self.prompts += [list(r.prompt_ids) for r in requests]
-    return [GenerationResult(list(self.ids), [-0.25] * len(self.ids), "stop") for _ in requests]
-
-  def update_weights(self, model, version):
-    del model, version
+  def reply(self, request, call):
+    self.prompts.append(list(request.prompt_ids))
+    return GenerationResult(list(self.ids), [-0.25] * len(self.ids), "stop")
 
 
 def _pipeline(reply: str):

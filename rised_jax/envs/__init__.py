@@ -79,3 +79,18 @@ def _lookup(name: str) -> type[Environment]:
 __all__ = ["Environment", "Outcome", "format_answer", "make", "names", "difficulty_keys",
            "instance_key",
            "Countdown", "FrozenLake", "Household", "Maze", "Sokoban", "Wordle"]
+
+
+def check_config(config: Any) -> None:
+  """config.envs: known environment names and each one's difficulty knobs."""
+  unknown = [n for n in config.envs.names if n not in names()]
+  if unknown or not config.envs.names:
+    raise ValueError(f"config.envs.names={list(config.envs.names)}: unknown {unknown}; "
+                     f"available {names()}")
+  for name, knobs in config.envs.difficulty.items():
+    if name not in config.envs.names:
+      raise ValueError(f"config.envs.difficulty.{name}: {name!r} is not in config.envs.names")
+    bad = sorted(set(knobs.keys()) - set(difficulty_keys(name)))
+    if bad:
+      raise ValueError(f"config.envs.difficulty.{name} has unknown knobs {bad}; "
+                       f"{name} takes {difficulty_keys(name)}")

@@ -139,15 +139,14 @@ class AgentLoop:
   def _check_engine_limits(self, engine: Engine) -> None:
     """Fails now, not turns into a run, when an engine with fixed buckets (JaxEngine) could
     not take the longest prompt (max_total_tokens - 1) or the longest reply."""
-    prompt_buckets = getattr(engine, "prompt_buckets", None)
-    if prompt_buckets and self.max_total_tokens - 1 > max(prompt_buckets):
+    limits = engine.limits()
+    if not limits.prompt_fits(self.max_total_tokens - 1):
       raise ValueError(f"AgentLoop: max_total_tokens={self.max_total_tokens} allows prompts of "
                        f"{self.max_total_tokens - 1} tokens but the engine's largest prompt "
-                       f"bucket is {max(prompt_buckets)}")
-    new_token_buckets = getattr(engine, "new_token_buckets", None)
-    if new_token_buckets and self.max_new_tokens_per_turn > max(new_token_buckets):
+                       f"bucket is {limits.max_prompt_tokens}")
+    if not limits.reply_fits(self.max_new_tokens_per_turn):
       raise ValueError(f"AgentLoop: max_new_tokens_per_turn={self.max_new_tokens_per_turn} is "
-                       f"above the engine's largest new-token bucket {max(new_token_buckets)}")
+                       f"above the engine's largest new-token bucket {limits.max_new_tokens}")
 
   def prompt_ids(self, task: Task, extra_system_text: str = "") -> list[int]:
     """The prompt of the task's episode with `extra_system_text` (a hint, a teacher block)
@@ -176,9 +175,7 @@ class AgentLoop:
                 for episode in self._start(task, group_size, hints.get(task.env, ""))]
     # Rollouts must not depend on what the engine generated before this run (JaxEngine's
     # prefix reuse would otherwise share keys/values computed in other batch shapes).
-    reset = getattr(self.engine, "reset_prefix_cache", None)
-    if reset is not None:
-      reset()
+    self.engine.reset_prefix_cache()
     live = list(episodes)
     with tqdm.tqdm(total=len(episodes), desc=desc, unit="episode", leave=False,
                    disable=jax.process_index() != 0) as bar:

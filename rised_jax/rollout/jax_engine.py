@@ -64,7 +64,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rised_jax.rollout.base import GenerationRequest, GenerationResult, SamplingParams
+from rised_jax.rollout.base import (EngineDefaults, EngineLimits, GenerationRequest,
+                                    GenerationResult, SamplingParams)
 from rised_jax.checks import is_int
 
 DEFAULT_PROMPT_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
@@ -242,7 +243,7 @@ def _smallest_fitting(buckets: Sequence[int], size: int) -> int:
   return next(b for b in buckets if b >= size)
 
 
-class JaxEngine:
+class JaxEngine(EngineDefaults):
   """Batched KV-cache sampler over a `rised_jax.model.Decoder` (see the module docstring).
 
   Args:
@@ -334,6 +335,9 @@ class JaxEngine:
     self._state = state
     self.version = int(version)
     self.reset_prefix_cache()   # the kept keys/values belong to the old weights
+
+  def limits(self) -> EngineLimits:
+    return EngineLimits.of_buckets(self.prompt_buckets, self.new_token_buckets)
 
   def reset_prefix_cache(self) -> None:
     """Forgets the kept caches: the next call prefills every prompt whole."""

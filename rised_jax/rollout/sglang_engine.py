@@ -62,7 +62,8 @@ import uuid
 from typing import Any, Mapping, Sequence
 
 from rised_jax.rollout import http_retry
-from rised_jax.rollout.base import GenerationFailed, GenerationRequest, GenerationResult
+from rised_jax.rollout.base import (EngineDefaults, GenerationFailed, GenerationRequest,
+                                    GenerationResult)
 from rised_jax.checks import is_int, is_number
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ def parse_generate_response(response: Any, where: str = "/generate", *,
                           finish_reason=_finish_reason(meta_info, where))
 
 
-class SGLangEngine:
+class SGLangEngine(EngineDefaults):
   """Token-in, token-out generation on an SGLang server; see the module docstring.
 
   Args:
