@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rised_jax import runlog
+from rised_jax import runlog, stats
 from rised_jax.checks import is_number
 
 # Group kinds (SelectionStats field suffix, label, colour) and tag-label colours by polarity.
@@ -140,7 +140,7 @@ def pass_rate_curves(run: Run) -> dict[str, PassRateCurve]:
   """Pass rate (with its interval) per environment over the evaluation steps."""
   latest: dict[str, dict[int, tuple]] = {}
   for i, record in enumerate(run.evals):
-    env, step, *values = _fields(record, ("env", "step", *runlog.RESULT_KEYS),
+    env, step, *values = _fields(record, ("env", "step", *stats.RESULT_KEYS),
                                  runlog.EVAL_FILE, i)
     latest.setdefault(env, {})[step] = tuple(values)   # a step evaluated twice: the last wins
   curves = {}
@@ -274,12 +274,12 @@ def before_after(run: Run) -> tuple[dict[str, Any], dict[str, Any]] | None:
 
 
 def before_after_table(run: Run) -> str:
-  """The before/after table (`runlog.format_pass_rate_table`), or why there is none."""
+  """The before/after table (`stats.format_pass_rate_table`), or why there is none."""
   pair = before_after(run)
   if pair is None:
     return (f"no before/after table: {run.workdir} has no {runlog.SUMMARY_FILE} and fewer than "
             "two evaluation steps")
-  return runlog.format_pass_rate_table(*pair)
+  return stats.format_pass_rate_table(*pair)
 
 
 @dataclasses.dataclass(frozen=True)

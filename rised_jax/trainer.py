@@ -37,7 +37,7 @@ import tqdm
 from etils import epath
 from flax import nnx
 
-from rised_jax import checkpoint, config as config_lib, parallel, pipelines, runlog
+from rised_jax import checkpoint, config as config_lib, parallel, pipelines, runlog, stats
 from rised_jax import model as model_lib
 from rised_jax.learn import batching, train_step
 
@@ -272,7 +272,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
   history, steps, p = run.history, config.train.steps, run.pipeline
   if start == 0:
     history.before = run_evaluation(run, 0)
-  last_pass = runlog.mean_pass_rate(history.before)
+  last_pass = stats.mean_pass_rate(history.before)
   compiled_shapes: set = set()
   bar = tqdm.trange(start, steps, initial=start, total=steps, desc="train",
                     disable=jax.process_index() != 0)
@@ -306,7 +306,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     if not failed and (done == steps or periodic):
       with timer("eval"):
         results = run_evaluation(run, done)
-      last_pass = runlog.mean_pass_rate(results)
+      last_pass = stats.mean_pass_rate(results)
       if done == steps:
         history.after = results   # recorded in the final checkpoint: the run is finished
     metrics.update(p.metrics(pool, selected))
