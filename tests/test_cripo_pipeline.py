@@ -18,7 +18,7 @@ import scipy.stats
 
 from rised_jax import config as config_lib
 from rised_jax import pipelines
-from rised_jax import parallel, runlog, trainer
+from rised_jax import parallel, runlog, stats, trainer
 from rised_jax.learn import batching, train_step
 from rised_jax.model import from_config, save_pretrained, tiny
 from rised_jax.pipelines import make_pipeline
@@ -28,7 +28,7 @@ from rised_jax.rubric_tasks import BUILTIN_PATH, check
 from rised_jax.rubrics import criteria
 from rised_jax.teach import cripo_prefix
 from tests.fake_engine import FakeEngine
-from tests.test_trainer import load_config_file
+from tests.run_fixtures import load_config_file
 
 CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
 TASK_IDS = ["sky-blue", "sunset-red", "rainbow", "thunder-delay", "heart-chambers", "blood-types"]
@@ -391,14 +391,14 @@ def test_evaluation_per_domain_on_held_out_tasks(cripo_run, task_set, scripts):
     half = scipy.stats.t.ppf(0.975, 1) * scores.std(ddof=1) / np.sqrt(2)
     result = results[name]
     assert result["pass_rate"] == np.mean(passed) and result["episodes"] == 2
-    assert (result["ci_low"], result["ci_high"]) == runlog.wilson_interval(sum(passed), 2)
+    assert (result["ci_low"], result["ci_high"]) == stats.wilson_interval(sum(passed), 2)
     assert result["score"] == pytest.approx(scores.mean(), abs=1e-6)
     assert result["score_ci_low"] == pytest.approx(scores.mean() - half, abs=1e-5)
     assert result["score_ci_high"] == pytest.approx(scores.mean() + half, abs=1e-5)
     met = [v[w > 0].mean() for v, w in zip(verdicts, weights)]
     assert result["criteria_met"] == pytest.approx(np.mean(met), abs=1e-6)
   assert results["science"]["pass_rate"] == 0.5   # the reference passes, "I do not know" fails
-  runlog.check_results(results, "results")        # what the run log accepts
+  stats.check_results(results, "results")        # what the run log accepts
 
 
 def test_visible_answer_and_engine_limits(task_file, tokenizer):

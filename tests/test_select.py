@@ -409,7 +409,7 @@ def test_rised_configs_roll_out_four_candidates_per_trained_group(name, arg):
   import warnings
   from pathlib import Path
   from rised_jax import pipelines
-  from tests.test_trainer import load_config_file
+  from tests.run_fixtures import load_config_file
   config = load_config_file(Path(__file__).resolve().parent.parent / "experiments" / "configs"
                             / name, arg)
   assert config.select.pool_groups >= 4 * config.select.batch_groups

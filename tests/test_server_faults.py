@@ -22,7 +22,7 @@ from rised_jax.pipelines import make_pipeline
 from rised_jax.rollout.agent_loop import sampling_seed
 from rised_jax.rollout.sglang_engine import SGLangEngine
 from rised_jax.tasks import TaskStream
-from tests.test_trainer import load_config_file
+from tests.run_fixtures import load_config_file
 
 CONFIG = Path(__file__).resolve().parent.parent / "experiments" / "configs" / "tiny_cpu.py"
 FAULTS = ["bad_token", "nan_logprob", "positive_logprob", "too_many", "short_logprobs"]
