@@ -18,7 +18,7 @@ import scipy.stats
 
 from rised_jax import config as config_lib
 from rised_jax import pipelines
-from rised_jax import parallel, runlog, stats, trainer
+from rised_jax import parallel, runlog, stats, tasks, trainer
 from rised_jax.learn import batching, train_step
 from rised_jax.model import from_config, save_pretrained, tiny
 from rised_jax.pipelines import make_pipeline
@@ -422,11 +422,11 @@ def test_task_stream_split_and_resume():
   train, held_out = rubric.split_tasks(128, 32, split_seed=3)
   assert len(held_out) == 32 and sorted(train + held_out) == list(range(128))
   assert rubric.split_tasks(128, 32, split_seed=3) == (train, held_out)
-  stream = rubric.RubricTaskStream(train[:5], seed=7)
+  stream = tasks.ShuffledStream(train[:5], seed=7)
   first = stream.next(3) + stream.next(4) + stream.next(3)
   assert sorted(first[:5]) == sorted(train[:5]) == sorted(first[5:10])
   assert first[:5] != first[5:10]                 # a new order each epoch
-  resumed = rubric.RubricTaskStream(train[:5], seed=7)
+  resumed = tasks.ShuffledStream(train[:5], seed=7)
   resumed.load_state_dict(json.loads(json.dumps(stream.state_dict())))
   assert resumed.next(6) == stream.next(6)
   with pytest.raises(ValueError, match="eval_tasks=128"):

@@ -1,7 +1,7 @@
 """CriPO and rubric-reward GRPO on open-ended rubric tasks (docs/ALGORITHMS.md §3).
 
 Stages:
-  roll out   the next `select.batch_groups` training tasks of a `RubricTaskStream`, each prompt
+  roll out   the next `select.batch_groups` training tasks of a `tasks.ShuffledStream`, each prompt
              (system prompt + question) rendered with the tokenizer's chat template, G single-turn
              answers each from the engine; a `Trajectory` holds prompt ⊕ answer ids, the loss mask
              on the answer, the sampler's log-probs and the decoded answer text (`turns[0]`);
@@ -42,6 +42,7 @@ import numpy as np
 
 from rised_jax import config as config_lib
 from rised_jax import rubric_tasks, runlog, select
+from rised_jax import tasks as tasks_lib
 from rised_jax.checks import is_int, named
 from rised_jax.learn import cripo
 from rised_jax.learn.batching import Row
@@ -173,36 +174,6 @@ def check_config(config) -> None:
   engines.check_config(config)
 
 
-class RubricTaskStream:
-  """Training tasks in a fresh seeded order every epoch; the cursor is the host state."""
-
-  def __init__(self, indices: Sequence[int], seed: int = 0):
-    if not indices:
-      raise ValueError("RubricTaskStream needs at least one task")
-    self.indices = np.asarray(indices, np.int64)
-    self.seed = int(seed)
-    self.cursor = 0
-
-  def _epoch(self, epoch: int) -> np.ndarray:
-    return np.random.default_rng([self.seed, epoch]).permutation(self.indices)
-
-  def next(self, count: int) -> list[int]:
-    out, order, order_epoch = [], None, -1
-    for k in range(self.cursor, self.cursor + count):
-      epoch, position = divmod(k, len(self.indices))
-      if epoch != order_epoch:
-        order, order_epoch = self._epoch(epoch), epoch
-      out.append(int(order[position]))
-    self.cursor += count
-    return out
-
-  def state_dict(self) -> dict[str, Any]:
-    return {"cursor": self.cursor}
-
-  def load_state_dict(self, state: Mapping[str, Any]) -> None:
-    self.cursor = int(state["cursor"])
-
-
 @dataclasses.dataclass
 class RubricGroup(Group):
   """A group of answers to one rubric task and what CriPO decided about it."""
@@ -228,7 +199,7 @@ class RubricPipeline:
     self.train_indices, self.eval_indices = split_tasks(len(self.task_set), rc.eval_tasks,
                                                         rc.split_seed)
     self.eval_group = eval_group_of(rc.eval_groups.to_dict())
-    self.tasks = RubricTaskStream(self.train_indices, seed=config.seed)
+    self.tasks = tasks_lib.ShuffledStream(self.train_indices, seed=config.seed)
     self.system_prompt = rc.system_prompt or None
     self.injection_template = rc.injection_template or cripo_prefix.INJECTION_TEMPLATE
     self.counterfactual_template = (rc.counterfactual_template
