@@ -25,7 +25,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rised_jax import runlog
+from rised_jax import runlog, stats
+from rised_jax.checks import is_number
 
 # Group kinds (SelectionStats field suffix, label, colour) and tag-label colours by polarity.
 _GROUP_KINDS = (("all_pass", "all-pass", "#4c9a2a"), ("all_fail", "all-fail", "#b03a2e"),
@@ -139,7 +140,7 @@ def pass_rate_curves(run: Run) -> dict[str, PassRateCurve]:
   """Pass rate (with its interval) per environment over the evaluation steps."""
   latest: dict[str, dict[int, tuple]] = {}
   for i, record in enumerate(run.evals):
-    env, step, *values = _fields(record, ("env", "step", *runlog.RESULT_KEYS),
+    env, step, *values = _fields(record, ("env", "step", *stats.RESULT_KEYS),
                                  runlog.EVAL_FILE, i)
     latest.setdefault(env, {})[step] = tuple(values)   # a step evaluated twice: the last wins
   curves = {}
@@ -273,12 +274,12 @@ def before_after(run: Run) -> tuple[dict[str, Any], dict[str, Any]] | None:
 
 
 def before_after_table(run: Run) -> str:
-  """The before/after table (`runlog.format_pass_rate_table`), or why there is none."""
+  """The before/after table (`stats.format_pass_rate_table`), or why there is none."""
   pair = before_after(run)
   if pair is None:
     return (f"no before/after table: {run.workdir} has no {runlog.SUMMARY_FILE} and fewer than "
             "two evaluation steps")
-  return runlog.format_pass_rate_table(*pair)
+  return stats.format_pass_rate_table(*pair)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,7 +298,7 @@ def metric_curves(run: Run) -> dict[str, MetricCurve]:
   for i, record in enumerate(run.metrics):
     (step,) = _fields(record, ("step",), runlog.METRICS_FILE, i)
     for name, value in record.items():
-      if name in _NOT_CURVES or isinstance(value, bool) or not isinstance(value, (int, float)):
+      if name in _NOT_CURVES or not is_number(value, finite=False):
         continue
       points.setdefault(name, {})[int(step)] = float(value)
   return {name: MetricCurve(np.asarray(sorted(p), np.int64),

@@ -47,6 +47,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rised_jax import runlog, stats
+from rised_jax.checks import is_number
 
 METRICS = {"agentic": "pass_rate", "rubric": "score"}   # what a pipeline's table compares
 REFERENCES = ("rised", "cripo")   # default reference method, the first one present
@@ -145,7 +146,7 @@ class RunResult:
 
 
 def _finite(value: Any, where: str) -> float:
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+  if not is_number(value):
     raise ValueError(f"{where} = {value!r}; expected a finite number")
   return float(value)
 

@@ -3,9 +3,10 @@
 An experiment file (experiments/configs/*.py) has `get_config(arg)` returning the ConfigDict of
 `default_config()` with its own values, then `apply_preset(config)` composes the stages of the
 named algorithm; a command-line `--config.algorithm=NAME` comes after that, so `main` calls
-`reapply_preset`. `validate(config)` checks every key and value with an error naming the key,
-the value and what is expected; it runs once, in `trainer.build` before the model loads (and
-alone under `--dry_run`). The typed pieces (StepConfig, OptimizerConfig) come from it.
+`reapply_preset`. `validate(config, stage_checks)` checks every key and value with an error
+naming the key, the value and what is expected; the stage checks come from the caller
+(`pipelines.validate`), so this module imports no stage. It runs once, in `trainer.build`
+before the model loads (and alone under `--dry_run`). The typed pieces (StepConfig, OptimizerConfig) come from it.
 
 Algorithms are configs composing stages, not branches in the trainer:
 
@@ -47,13 +48,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import numbers
-import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import ml_collections
 
 from rised_jax.learn import cripo, train_step
+from rised_jax.checks import is_int, is_number
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -336,13 +336,24 @@ def _typed(cls, node: ml_collections.ConfigDict, where: str):
     raise ValueError(f"{where}: {e}") from e
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
+def cripo_group_config(config: ml_collections.ConfigDict) -> cripo.CriPOGroupConfig:
+  return _typed(cripo.CriPOGroupConfig, config.rubric.cripo, "config.rubric.cripo")
+
+
+StageCheck = Callable[[ml_collections.ConfigDict], None]
+
+
+def validate(config: ml_collections.ConfigDict, stage_checks: Sequence[StageCheck],
+             num_devices: int | None = None) -> None:
   """Every check that can fail before loading or compiling anything.
 
+  The config's own checks (keys, value types and ranges, mesh, the typed step and optimiser
+  settings) come first, then each of `stage_checks`: the stages own their keys, and this module
+  imports no stage; `pipelines.validate` passes the named pipeline's `check_config`.
   `num_devices` (known once JAX is initialised) also checks that the mesh fits the devices;
   without it only the mesh's own shape is checked (a dry run on another machine).
   """
-  from rised_jax import envs  # noqa: PLC0415 - keeps `config` importable without the envs
+  from rised_jax.learn import advantages  # noqa: PLC0415 - keeps `config` light to import
 
   _check_replaced_keys(config)
   _check_known_keys(config, default_config())
@@ -350,47 +361,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   _check_mesh(config, num_devices)
   step_config(config)
   optimizer_config(config)
-  _check_stages(config)
-  if not config.envs.names:
-    raise ValueError(f"config.envs.names=[]: expected at least one of "
-                     f"{envs.names() + envs.suite_names()} or an import path "
-                     "'package.module:Class'")
-  register_env_aliases(config)
-  for name in config.envs.names:   # imports plug-ins: their errors come before the model loads
-    _named("config.envs.names", lambda: envs.difficulty_keys(name))   # noqa: B023
-  for name, knobs in config.envs.difficulty.items():
-    if name not in config.envs.names:
-      raise ValueError(f"config.envs.difficulty.{name}: {name!r} is not in config.envs.names")
-  for name in config.envs.names:
-    knobs = config.envs.difficulty.get(name)
-    _named("config.envs.names", lambda: envs.check_name(   # noqa: B023
-        name, dict(knobs.items()) if knobs is not None else {}))
-  from rised_jax import pipelines  # noqa: PLC0415
-  if config.pipeline not in pipelines.PIPELINES:
-    raise ValueError(f"config.pipeline={config.pipeline!r}: expected one of {pipelines.PIPELINES}")
-  if config.rollout.engine not in ("jax", "sglang"):
-    raise ValueError(f"config.rollout.engine={config.rollout.engine!r}: expected 'jax' or 'sglang'")
-  if not isinstance(config.rollout.reply_prefix, str):
-    raise ValueError(f"config.rollout.reply_prefix={config.rollout.reply_prefix!r}: expected a "
-                     "string")
-  stops = config.rollout.stop_strings
-  if isinstance(stops, str) or not all(isinstance(x, str) and x for x in stops):
-    raise ValueError(f"config.rollout.stop_strings={stops!r}: expected a list of non-empty "
-                     "strings")
   if config.rollout.group_size < 2:
     raise ValueError(f"config.rollout.group_size={config.rollout.group_size}: group advantages "
                      "need at least 2 rollouts per task")
-  if config.select.batch_groups > config.select.pool_groups:
-    raise ValueError(f"config.select.batch_groups={config.select.batch_groups} exceeds "
-                     f"config.select.pool_groups={config.select.pool_groups}")
-  if config.select.name == "rised" and config.select.pool_groups == config.select.batch_groups:
-    warnings.warn(f"config.select.name='rised' with pool_groups == batch_groups == "
-                  f"{config.select.batch_groups}: every group is trained on, so profile "
-                  "selection does nothing (its chosen set beats a random subset only from "
-                  "pool_groups >= 4 * batch_groups)", stacklevel=2)
   if config.train.steps < 0 or config.eval.episodes_per_env < 1:
     raise ValueError("config.train.steps must be >= 0 and config.eval.episodes_per_env >= 1")
-  from rised_jax.learn import advantages  # noqa: PLC0415
   if config.advantage not in advantages.ADVANTAGES:
     raise ValueError(f"config.advantage={config.advantage!r}: expected one of "
                      f"{sorted(advantages.ADVANTAGES)}")
@@ -398,69 +373,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     if config.model[key] not in MODEL_DTYPES:
       raise ValueError(f"config.model.{key}={config.model[key]!r}: expected one of "
                        f"{MODEL_DTYPES}")
-  if config.pipeline == "rubric":
-    _validate_rubric(config)
-
-
-def register_env_aliases(config: ml_collections.ConfigDict) -> None:
-  """Registers `config.envs.aliases` with `rised_jax.envs` (validate does, before anything
-  builds an environment)."""
-  from rised_jax import envs  # noqa: PLC0415
-
-  for alias, target in config.envs.aliases.items():
-    try:
-      envs.register(alias, target)
-    except ValueError as e:
-      raise ValueError(f"config.envs.aliases.{alias}: {e}") from None
-
-
-def _validate_rubric(config: ml_collections.ConfigDict) -> None:
-  """The rubric pipeline's keys: task file, split, branches vs step settings, judge, templates."""
-  from rised_jax.pipelines import rubric  # noqa: PLC0415 - keeps `config` light to import
-  from rised_jax.rubrics import criteria  # noqa: PLC0415
-  from rised_jax.teach import cripo_prefix  # noqa: PLC0415
-
-  rc = config.rubric
-  if config.advantage != "grpo":
-    raise ValueError(f"config.advantage={config.advantage!r}: the rubric pipeline uses GRPO "
-                     "advantages (CriPO's SC rule is defined on them); expected 'grpo'")
-  if config.select.name != "uniform" or config.select.pool_groups != config.select.batch_groups:
-    raise ValueError(f"config.select.name={config.select.name!r} with pool_groups="
-                     f"{config.select.pool_groups}, batch_groups={config.select.batch_groups}: "
-                     "the rubric pipeline trains on every group it rolls out; expected 'uniform' "
-                     "and pool_groups == batch_groups (the cripo* and grpo_rubric presets set "
-                     "them)")
-  step = step_config(config)
-  if rc.uc_branch != step.distills:
-    raise ValueError(f"config.rubric.uc_branch={rc.uc_branch} but config.step.beta={step.beta}: "
-                     "the injection teacher is the only distillation of the rubric pipeline, so "
-                     "the UC branch needs beta > 0 and beta must be 0 without it (use the presets "
-                     "cripo, cripo_u, cripo_s, grpo_rubric)")
-  if rc.sc_branch != step.counterfactual:
-    raise ValueError(f"config.rubric.sc_branch={rc.sc_branch} but config.step.counterfactual="
-                     f"{step.counterfactual}: the SC branch and the step's counterfactual flips go "
-                     "together (use the presets cripo, cripo_u, cripo_s, grpo_rubric)")
-  _typed(cripo.CriPOGroupConfig, rc.cripo, "config.rubric.cripo")
-  task_set = rubric.load_task_set(rc.tasks)
-  rubric.split_tasks(len(task_set), rc.eval_tasks, rc.split_seed)
-  rubric.check_normalizer(task_set, rc.cripo.reward_normalizer)
-  rubric.eval_group_of(rc.eval_groups.to_dict())
-  for key in ("injection_template", "counterfactual_template"):
-    if rc[key]:
-      cripo_prefix.load_template(rc[key])
-  for key, value in (("max_new_tokens", rc.max_new_tokens),
-                     ("judge.max_new_tokens", rc.judge.max_new_tokens)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f"config.rubric.{key}={value!r}: expected an integer >= 1")
-  if config.rollout.engine == "jax" and rc.max_new_tokens > max(config.rollout.new_token_buckets):
-    raise ValueError(f"config.rubric.max_new_tokens={rc.max_new_tokens} is above the largest "
-                     "config.rollout.new_token_buckets entry "
-                     f"{max(config.rollout.new_token_buckets)}")
-  try:
-    criteria.check_options(rc.judge.backend, rc.judge.options.to_dict(),
-                           supplied=("generate_text",) if rc.judge.backend == "inprocess" else ())
-  except ValueError as e:
-    raise ValueError(f"config.rubric.judge: {e}") from None
+  for check in stage_checks:
+    check(config)
 
 
 # ----------------------------------------------------------------------------- value checks
@@ -504,26 +418,17 @@ def _check_known_keys(config: ml_collections.ConfigDict, reference: ml_collectio
       _check_known_keys(sub, ref, dotted + ".")
 
 
-def _is_number(value: Any) -> bool:
-  return (isinstance(value, numbers.Real) and not isinstance(value, bool)
-          and math.isfinite(value))
-
-
-def _is_int(value: Any) -> bool:
-  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _int_at_least(low: int) -> tuple[Callable[[Any], bool], str]:
-  return (lambda v: _is_int(v) and v >= low), f"an integer >= {low}"
+  return (lambda v: is_int(v) and v >= low), f"an integer >= {low}"
 
 
 def _number_at_least(low: float) -> tuple[Callable[[Any], bool], str]:
-  return (lambda v: _is_number(v) and v >= low), f"a finite number >= {low}"
+  return (lambda v: is_number(v) and v >= low), f"a finite number >= {low}"
 
 
 def _sizes(min_len: int) -> tuple[Callable[[Any], bool], str]:
   return ((lambda v: isinstance(v, (list, tuple)) and len(v) >= min_len
-           and all(_is_int(x) and x >= 1 for x in v)),
+           and all(is_int(x) and x >= 1 for x in v)),
           "a list of integers >= 1" + (" (at least one)" if min_len else ""))
 
 
@@ -532,7 +437,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": _int_at_least(0),
     "envs.max_turns": (_int_at_least(0)[0], "an integer >= 0 (0: each environment's own)"),
     "rollout.temperature": (_number_at_least(0)[0], "a finite number >= 0 (0: greedy)"),
-    "rollout.top_p": ((lambda v: _is_number(v) and 0 < v <= 1), "a number in (0, 1]"),
+    "rollout.top_p": ((lambda v: is_number(v) and 0 < v <= 1), "a number in (0, 1]"),
     "rollout.top_k": (_int_at_least(0)[0], "an integer >= 0 (0: no top-k)"),
     "rollout.max_new_tokens_per_turn": _int_at_least(1),
     "rollout.max_total_tokens": _int_at_least(1),
@@ -540,7 +445,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rollout.batch_buckets": _sizes(0),
     "rollout.prompt_buckets": _sizes(1),
     "rollout.new_token_buckets": _sizes(1),
-    "rollout.sglang.timeout_s": ((lambda v: _is_number(v) and v > 0),
+    "rollout.sglang.timeout_s": ((lambda v: is_number(v) and v > 0),
                                  "a finite number of seconds > 0 (the deadline of one request)"),
     "rollout.sglang.retries": _int_at_least(0),
     "judge.max_new_tokens": _int_at_least(1),
@@ -580,7 +485,7 @@ def _check_mesh(config: ml_collections.ConfigDict, num_devices: int | None) -> N
     shape = parallel.MeshShape(**sizes)
   except TypeError:
     raise ValueError(f"config.mesh={sizes}: expected the keys {parallel.MESH_AXES}") from None
-  if not all(_is_int(v) for v in sizes.values()):
+  if not all(is_int(v) for v in sizes.values()):
     raise ValueError(f"config.mesh={sizes}: expected integer sizes (or -1 for all the rest)")
   # Without the devices, resolve against the product of the fixed sizes: that checks the shape
   # itself (sizes positive or -1, at most one -1) and nothing else.
@@ -589,41 +494,3 @@ def _check_mesh(config: ml_collections.ConfigDict, num_devices: int | None) -> N
     shape.resolve(fixed if num_devices is None else num_devices)
   except ValueError as e:
     raise ValueError(f"config.mesh: {e}") from None
-
-
-def _check_stages(config: ml_collections.ConfigDict) -> None:
-  """Stage names and option keys (`registry.check`), and what no stage implements yet."""
-  from rised_jax import rubrics, select, teach  # noqa: PLC0415
-  from rised_jax.rubrics import registry  # noqa: PLC0415
-
-  step = step_config(config)
-  _named("config.select", lambda: registry.check("selector", select.SELECTORS,
-                                                 config.select.name,
-                                                 config.select.options.to_dict()))
-  if config.pipeline != "agentic":
-    return
-  inprocess = ("generate_text",) if config.judge.backend == "inprocess" else ()
-  _named("config.judge", lambda: registry.check("judge", rubrics.JUDGES, config.judge.backend,
-                                                config.judge.options.to_dict(), positional=1,
-                                                supplied=inprocess))
-  rubrics.Vocabulary.load(config.judge.vocabulary or "agentic_v1")
-  _named("config.teacher.options", lambda: registry.check(
-      "teacher", {"positive": teach.PositiveTeacher}, "positive",
-      config.teacher.options.to_dict(), positional=1))
-  _named("config.guidance.options", lambda: registry.check(
-      "guidance", {"memory": teach.GuidanceMemory}, "memory",
-      config.guidance.options.to_dict(), positional=1))
-  if config.teacher.enabled != step.distills:
-    raise ValueError(
-        f"config.teacher.enabled={config.teacher.enabled} but config.step.beta={step.beta}: the "
-        "teacher is trained on only through the distillation weight, so expected beta > 0 with "
-        "the teacher and beta = 0 without it (a config file built for a preset without the "
-        "teacher has beta 0: give --config.step.beta, or name the algorithm in the config "
-        "file's argument, --config FILE.py:ALGORITHM)")
-
-
-def _named(where: str, check: Callable[[], None]) -> None:
-  try:
-    check()
-  except ValueError as e:
-    raise ValueError(f"{where}: {e}") from None

@@ -33,6 +33,7 @@ from rised_jax.rollout.agent_loop import AgentLoop, EnvironmentFailure
 from rised_jax.rollout.env_pool import EnvError
 from rised_jax.stats import wilson_interval
 from rised_jax.types import Group, Task
+from rised_jax.checks import is_int
 
 # Seeds scanned per requested instance before concluding the instance space is too small.
 SEEDS_PER_INSTANCE = 50
@@ -75,7 +76,7 @@ def instance_keys(tasks: Sequence[Task]) -> dict[str, set[str]]:
 
 def check_sampling(samples: Any, temperature: float) -> int:
   """Validates eval.pass_at_k against eval.temperature; returns k."""
-  if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+  if not is_int(samples) or samples < 1:
     raise ValueError(f"config.eval.pass_at_k={samples!r}: expected an integer >= 1")
   if samples > 1 and not temperature > 0:
     raise ValueError(f"config.eval.pass_at_k={samples} with config.eval.temperature="

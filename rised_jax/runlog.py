@@ -37,9 +37,7 @@ JSON values follow Python's `json` module: a non-finite scalar (a NaN loss) is w
 """
 from __future__ import annotations
 
-import dataclasses
 import json
-import numbers
 import os
 import re
 import socket
@@ -51,8 +49,9 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from rised_jax.rubrics.vocabulary import Vocabulary
-from rised_jax.stats import wilson_interval  # noqa: F401 - re-exported: moved to stats
+from rised_jax.stats import check_results, format_pass_rate_table, mean_pass_rate
 from rised_jax.types import Group
+from rised_jax.checks import is_int
 
 METRICS_FILE = "metrics.jsonl"
 ROLLOUTS_FILE = "rollouts.jsonl"
@@ -63,7 +62,6 @@ SUMMARY_FILE = "summary.json"
 RESULTS_FILE = "results.md"
 TENSORBOARD_DIR = "tensorboard"
 JSONL_FILES = (METRICS_FILE, ROLLOUTS_FILE, EVAL_FILE, EVAL_EPISODES_FILE)
-RESULT_KEYS = ("pass_rate", "ci_low", "ci_high", "episodes")
 _RESERVED_METRIC_KEYS = ("step", "time", "wall")
 _EVENT_FILE_PREFIX = "events.out.tfevents."
 _EVENT_FILE_TIME = re.compile(r"^events\.out\.tfevents\.(\d+)\.")
@@ -73,83 +71,6 @@ def discarded_name(name: str) -> str:
   """metrics.jsonl -> metrics.discarded.jsonl: where `rewind` moves lines."""
   stem, ext = os.path.splitext(name)
   return f"{stem}.discarded{ext}"
-
-
-def check_results(results: Any, what: str) -> dict[str, dict[str, float | int]]:
-  """Validates {env: {pass_rate, ci_low, ci_high, episodes}} (mappings or dataclasses).
-
-  Returns plain dicts holding RESULT_KEYS plus any other numeric entries (e.g. CriPO's mean
-  rubric score), which are logged alongside; `what` names the argument in errors.
-  """
-  if not isinstance(results, Mapping) or not results:
-    raise ValueError(f"{what}: got {type(results).__name__} {results!r:.200}; expected a non-empty "
-                     f"dict {{env: {{{', '.join(RESULT_KEYS)}}}}}")
-  checked = {}
-  for env, result in results.items():
-    if not isinstance(env, str) or not env:
-      raise ValueError(f"{what}: environment name {env!r}; expected a non-empty string")
-    if dataclasses.is_dataclass(result) and not isinstance(result, type):
-      result = dataclasses.asdict(result)
-    if not isinstance(result, Mapping):
-      raise ValueError(f"{what}[{env!r}] is {type(result).__name__}; expected a dict with keys "
-                       f"{list(RESULT_KEYS)}")
-    missing = [k for k in RESULT_KEYS if k not in result]
-    if missing:
-      raise ValueError(f"{what}[{env!r}] lacks key(s) {missing}; expected keys {list(RESULT_KEYS)}")
-    episodes = result["episodes"]
-    if isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1:
-      raise ValueError(f"{what}[{env!r}]['episodes'] = {episodes!r}; expected an int >= 1")
-    values = {}
-    for key in RESULT_KEYS[:3]:
-      value = result[key]
-      if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
-        raise ValueError(f"{what}[{env!r}][{key!r}] = {value!r}; expected a number in [0, 1]")
-      values[key] = float(value)
-    if not values["ci_low"] - 1e-9 <= values["pass_rate"] <= values["ci_high"] + 1e-9:
-      raise ValueError(f"{what}[{env!r}]: pass_rate {values['pass_rate']} is outside its interval "
-                       f"[{values['ci_low']}, {values['ci_high']}]; expected ci_low <= pass_rate "
-                       "<= ci_high")
-    extras = {k: float(v) for k, v in result.items() if k not in RESULT_KEYS
-              and isinstance(v, numbers.Real) and not isinstance(v, bool)}
-    checked[env] = {**values, "episodes": int(episodes), **extras}
-  return checked
-
-
-def mean_pass_rate(results: Mapping[str, Mapping[str, Any]]) -> float:
-  """The unweighted mean of the per-environment pass rates (docs/ALGORITHMS.md §4)."""
-  return sum(float(r["pass_rate"]) for r in results.values()) / len(results)
-
-
-def format_pass_rate_table(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
-  """The before/after table: env | before (95 % CI) | after (95 % CI) | Δ, then the mean row.
-
-  A Markdown table with padded columns, so it reads in a terminal too. Both arguments must
-  cover the same environments; the mean row is the unweighted mean (no interval).
-  """
-  before = check_results(before, "before")
-  after = check_results(after, "after")
-  if set(before) != set(after):
-    raise ValueError(f"before/after cover different environments: only before "
-                     f"{sorted(set(before) - set(after))}, only after "
-                     f"{sorted(set(after) - set(before))}; expected the same set")
-
-  def cell(result):
-    return f"{result['pass_rate']:.3f} [{result['ci_low']:.3f}, {result['ci_high']:.3f}]"
-
-  rows = [("env", "before (95 % CI)", "after (95 % CI)", "Δ")]
-  for env in sorted(before):
-    rows.append((env, cell(before[env]), cell(after[env]),
-                 f"{after[env]['pass_rate'] - before[env]['pass_rate']:+.3f}"))
-  mean_before, mean_after = mean_pass_rate(before), mean_pass_rate(after)
-  rows.append(("mean", f"{mean_before:.3f}", f"{mean_after:.3f}",
-               f"{mean_after - mean_before:+.3f}"))
-  widths = [max(len(row[i]) for row in rows) for i in range(4)]
-
-  def line(cells):
-    return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
-
-  separator = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-  return "\n".join([line(rows[0]), separator] + [line(row) for row in rows[1:]])
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -179,7 +100,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def _check_step(step: Any, method: str) -> int:
-  if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+  if not is_int(step) or step < 0:
     raise ValueError(f"RunLog.{method}: step={step!r}; expected an int >= 0")
   return int(step)
 
@@ -471,7 +392,7 @@ class RunLog:
       except json.JSONDecodeError:
         record = None
       line_step = record.get("step") if isinstance(record, dict) else None
-      if isinstance(line_step, bool) or not isinstance(line_step, int):
+      if not is_int(line_step):
         moved.append(json.dumps({"unparsable_line": line}, ensure_ascii=False))
         continue
       if line_step <= step:

@@ -3,6 +3,8 @@
   wilson_interval(k, n)         Wilson score interval of a binomial proportion (scipy)
   t_interval(values)            Student-t interval of a mean (over seeds, over rubric scores)
   paired_bootstrap(a, b, seed)  seeded bootstrap of mean(a − b), resampling pairs together
+  check_results(results, what)  {group: {pass_rate, ci_low, ci_high, episodes}} checked
+  format_pass_rate_table(b, a)  the before/after pass-rate table (run summary, notebook)
 
 All three are 95 % by default. The comparison pairs two methods' results by seed, so the
 bootstrap resamples seeds with their pair of values (scipy.stats.bootstrap, paired=True): the
@@ -12,15 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import scipy.stats
 
-
-def _is_int(value) -> bool:
-  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+from rised_jax.checks import is_int, is_number
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -30,9 +29,9 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
   scipy takes a confidence level, so z becomes 2·Φ(z) − 1 (the level whose two-sided normal
   quantile is z).
   """
-  if not _is_int(n) or n < 1:
+  if not is_int(n) or n < 1:
     raise ValueError(f"wilson_interval: n={n!r}; expected an int >= 1")
-  if not _is_int(successes) or not 0 <= successes <= n:
+  if not is_int(successes) or not 0 <= successes <= n:
     raise ValueError(f"wilson_interval: successes={successes!r}; expected an int in [0, {n}]")
   if not z > 0:
     raise ValueError(f"wilson_interval: z={z!r}; expected a positive number")
@@ -99,7 +98,7 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, seed: int = 0,
   if a.size != b.size or a.size < 2:
     raise ValueError(f"paired_bootstrap: a has {a.size} values and b {b.size}; expected the "
                      "same number >= 2 (one per seed; one pair has no spread to resample)")
-  if not _is_int(resamples) or resamples < 1:
+  if not is_int(resamples) or resamples < 1:
     raise ValueError(f"paired_bootstrap: resamples={resamples!r}; expected an int >= 1")
   diff = a - b
   result = scipy.stats.bootstrap(
@@ -111,3 +110,85 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, seed: int = 0,
       mean_diff=float(diff.mean()), ci_low=float(result.confidence_interval.low),
       ci_high=float(result.confidence_interval.high),
       p_not_better=float(np.mean(resampled <= 0)), pairs=int(a.size), resamples=resamples)
+
+
+# ----------------------------------------------------------------------------- results
+
+RESULT_KEYS = ("pass_rate", "ci_low", "ci_high", "episodes")
+
+
+def check_results(results: Any, what: str) -> dict[str, dict[str, float | int]]:
+  """Validates {env: {pass_rate, ci_low, ci_high, episodes}} (mappings or dataclasses).
+
+  Returns plain dicts holding RESULT_KEYS plus any other numeric entries (e.g. CriPO's mean
+  rubric score), which are logged alongside; `what` names the argument in errors.
+  """
+  if not isinstance(results, Mapping) or not results:
+    raise ValueError(f"{what}: got {type(results).__name__} {results!r:.200}; expected a non-empty "
+                     f"dict {{env: {{{', '.join(RESULT_KEYS)}}}}}")
+  checked = {}
+  for env, result in results.items():
+    if not isinstance(env, str) or not env:
+      raise ValueError(f"{what}: environment name {env!r}; expected a non-empty string")
+    if dataclasses.is_dataclass(result) and not isinstance(result, type):
+      result = dataclasses.asdict(result)
+    if not isinstance(result, Mapping):
+      raise ValueError(f"{what}[{env!r}] is {type(result).__name__}; expected a dict with keys "
+                       f"{list(RESULT_KEYS)}")
+    missing = [k for k in RESULT_KEYS if k not in result]
+    if missing:
+      raise ValueError(f"{what}[{env!r}] lacks key(s) {missing}; expected keys {list(RESULT_KEYS)}")
+    episodes = result["episodes"]
+    if not is_int(episodes) or episodes < 1:
+      raise ValueError(f"{what}[{env!r}]['episodes'] = {episodes!r}; expected an int >= 1")
+    values = {}
+    for key in RESULT_KEYS[:3]:
+      value = result[key]
+      if not is_number(value, finite=False) or not 0 <= value <= 1:
+        raise ValueError(f"{what}[{env!r}][{key!r}] = {value!r}; expected a number in [0, 1]")
+      values[key] = float(value)
+    if not values["ci_low"] - 1e-9 <= values["pass_rate"] <= values["ci_high"] + 1e-9:
+      raise ValueError(f"{what}[{env!r}]: pass_rate {values['pass_rate']} is outside its interval "
+                       f"[{values['ci_low']}, {values['ci_high']}]; expected ci_low <= pass_rate "
+                       "<= ci_high")
+    extras = {k: float(v) for k, v in result.items() if k not in RESULT_KEYS
+              and is_number(v, finite=False)}
+    checked[env] = {**values, "episodes": int(episodes), **extras}
+  return checked
+
+
+def mean_pass_rate(results: Mapping[str, Mapping[str, Any]]) -> float:
+  """The unweighted mean of the per-environment pass rates (docs/ALGORITHMS.md §4)."""
+  return sum(float(r["pass_rate"]) for r in results.values()) / len(results)
+
+
+def format_pass_rate_table(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+  """The before/after table: env | before (95 % CI) | after (95 % CI) | Δ, then the mean row.
+
+  A Markdown table with padded columns, so it reads in a terminal too. Both arguments must
+  cover the same environments; the mean row is the unweighted mean (no interval).
+  """
+  before = check_results(before, "before")
+  after = check_results(after, "after")
+  if set(before) != set(after):
+    raise ValueError(f"before/after cover different environments: only before "
+                     f"{sorted(set(before) - set(after))}, only after "
+                     f"{sorted(set(after) - set(before))}; expected the same set")
+
+  def cell(result):
+    return f"{result['pass_rate']:.3f} [{result['ci_low']:.3f}, {result['ci_high']:.3f}]"
+
+  rows = [("env", "before (95 % CI)", "after (95 % CI)", "Δ")]
+  for env in sorted(before):
+    rows.append((env, cell(before[env]), cell(after[env]),
+                 f"{after[env]['pass_rate'] - before[env]['pass_rate']:+.3f}"))
+  mean_before, mean_after = mean_pass_rate(before), mean_pass_rate(after)
+  rows.append(("mean", f"{mean_before:.3f}", f"{mean_after:.3f}",
+               f"{mean_after - mean_before:+.3f}"))
+  widths = [max(len(row[i]) for row in rows) for i in range(4)]
+
+  def line(cells):
+    return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+  separator = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+  return "\n".join([line(rows[0]), separator] + [line(row) for row in rows[1:]])

@@ -1,4 +1,6 @@
-"""Training task stream: which (environment, seed) tasks each step rolls out.
+"""Training task streams (`Stream`): which tasks each step rolls out. `TaskStream` draws
+(environment, seed) tasks for the agentic pipeline; `ShuffledStream` draws indices of a fixed
+task list, in a fresh seeded order each epoch, for the rubric pipeline.
 
 Tasks cycle through the configured environments in order, each with the next seed of that
 environment that is neither held out nor generates a held-out instance: the evaluation set is
@@ -15,7 +17,9 @@ saved with every checkpoint.
 from __future__ import annotations
 
 import copy
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any, Collection, Mapping, Protocol, Sequence
+
+import numpy as np
 
 from rised_jax import envs
 from rised_jax.types import Task
@@ -25,7 +29,17 @@ from rised_jax.types import Task
 MAX_SKIPPED_SEEDS = 10_000
 
 
+class Stream(Protocol):
+  """What a pipeline draws its training tasks from: the next `count` tasks, and a position
+  that is host state (saved with every checkpoint, so a resumed run draws on)."""
+
+  def next(self, count: int) -> list[Any]: ...
+  def state_dict(self) -> dict[str, Any]: ...
+  def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
 class TaskStream:
+  """Environment tasks (module docstring): the agentic pipeline's stream."""
 
   def __init__(self, env_names: Sequence[str], difficulty: Mapping[str, Mapping[str, Any]],
                *, seed: int = 0, eval_seed_offset: int = 1_000_000,
@@ -84,3 +98,34 @@ def repeat_warnings(stream: TaskStream, count: int) -> list[str]:
           f"instances (difficulty {stream.difficulty[env]}, {len(stream.exclude[env])} held out "
           "for evaluation): training repeats instances"
           for env, drawn in keys.items() if len(set(drawn)) < len(drawn)]
+
+
+class ShuffledStream:
+  """Indices into a fixed task list (the rubric pipeline's training tasks) in a fresh seeded
+  order every epoch; the cursor is the host state."""
+
+  def __init__(self, indices: Sequence[int], seed: int = 0):
+    if not indices:
+      raise ValueError("ShuffledStream needs at least one task")
+    self.indices = np.asarray(indices, np.int64)
+    self.seed = int(seed)
+    self.cursor = 0
+
+  def _epoch(self, epoch: int) -> np.ndarray:
+    return np.random.default_rng([self.seed, epoch]).permutation(self.indices)
+
+  def next(self, count: int) -> list[int]:
+    out, order, order_epoch = [], None, -1
+    for k in range(self.cursor, self.cursor + count):
+      epoch, position = divmod(k, len(self.indices))
+      if epoch != order_epoch:
+        order, order_epoch = self._epoch(epoch), epoch
+      out.append(int(order[position]))
+    self.cursor += count
+    return out
+
+  def state_dict(self) -> dict[str, Any]:
+    return {"cursor": self.cursor}
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    self.cursor = int(state["cursor"])

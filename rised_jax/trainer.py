@@ -39,7 +39,7 @@ import tqdm
 from etils import epath
 from flax import nnx
 
-from rised_jax import checkpoint, config as config_lib, parallel, pipelines, runlog
+from rised_jax import checkpoint, config as config_lib, parallel, pipelines, runlog, stats
 from rised_jax import model as model_lib
 from rised_jax.learn import batching, train_step
 
@@ -177,9 +177,10 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> epath.Path:
-  """Validates the config, resolves the workdir into `config.workdir` and checks that the
-  workdir's saved config (if any) is this one: everything that fails before any loading."""
-  config_lib.validate(config, num_devices=jax.device_count())
+  """Validates the config (the only place a run does), resolves the workdir into
+  `config.workdir` and checks that the workdir's saved config (if any) is this one: everything
+  that fails before any loading."""
+  pipelines.validate(config, num_devices=jax.device_count())
   workdir = resolve_workdir(workdir)
   with config.unlocked():
     config.workdir = os.fspath(workdir)
@@ -207,7 +208,11 @@ def _load_model(config: ml_collections.ConfigDict):
 def build(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Run:
   """Validates the config, then loads the model and builds every stage; writes config.json
   into the workdir only once all of that has succeeded."""
-  workdir = _prepare(config, workdir)
+  return _build(config, _prepare(config, workdir))
+
+
+def _build(config: ml_collections.ConfigDict, workdir: epath.Path) -> Run:
+  """`build` of a config that `_prepare` has validated."""
   model, tokenizer = _load_model(config)
   mesh = parallel.make_mesh(parallel.MeshShape(**config.mesh.to_dict()))
   optimizer = train_step.make_optimizer(config_lib.optimizer_config(config))
@@ -306,12 +311,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
   if finished is not None:
     _say(f"{workdir} has finished all {config.train.steps} steps; its results:")
     return _report(runlog.RunLog(workdir, enabled=jax.process_index() == 0), finished)
-  run = build(config, workdir)
+  run = _build(config, workdir)
   start = resume(run)
   history, steps, p = run.history, config.train.steps, run.pipeline
   if start == 0:
     history.before = run_evaluation(run, 0)
-  last_pass = runlog.mean_pass_rate(history.before)
+  last_pass = stats.mean_pass_rate(history.before)
   compiled_shapes: set = set()
   bar = tqdm.trange(start, steps, initial=start, total=steps, desc="train",
                     disable=jax.process_index() != 0)
@@ -345,13 +350,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     if not failed and (done == steps or periodic):
       with timer("eval"):
         results = run_evaluation(run, done)
-      last_pass = runlog.mean_pass_rate(results)
+      last_pass = stats.mean_pass_rate(results)
       if done == steps:
         history.after = results   # recorded in the final checkpoint: the run is finished
     metrics.update(p.metrics(pool, selected))
     metrics.update(timer.seconds)
     run.log.scalars(done, metrics)
-    run.log.rollouts(done, pool, getattr(p, "vocab", None))
+    p.log_rollouts(run.log, done, pool)
     bar.set_postfix(loss=f"{metrics['loss']:.4g}", reward=f"{_mean_reward(pool):.3f}",
                     pass_rate=f"{last_pass:.3f}", refresh=False)
     if failed:

@@ -1,10 +1,53 @@
-"""Hand-made run directories, as the trainer leaves them, for the comparison and analysis tests."""
+"""Helpers shared by the tests: experiment config files, a scripted agentic pipeline, and
+hand-made run directories (as the trainer leaves them) for the comparison and analysis tests."""
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 from rised_jax import compare
+from rised_jax.model import tiny
+from rised_jax.pipelines.agentic import AgenticPipeline
+from rised_jax.rollout.base import GenerationResult
+from tests.fake_engine import FakeEngine
+
+CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
+TINY_CONFIG = CONFIGS / "tiny_cpu.py"
+
+
+def load_config_file(path: Path, arg: str):
+  """`get_config(arg)` of an experiment file, as `--config path:arg` would call it."""
+  spec = importlib.util.spec_from_file_location(path.stem, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+class RecordingEngine(FakeEngine):
+  """Answers every request with `reply`, and records every prompt it was given."""
+
+  def __init__(self, tokenizer, reply: str):
+    super().__init__()
+    self.ids = tokenizer.encode(reply) + [tokenizer.eos_token_id]
+    self.prompts: list[list[int]] = []
+
+  def reply(self, request, call):
+    self.prompts.append(list(request.prompt_ids))
+    return GenerationResult(list(self.ids), [-0.25] * len(self.ids), "stop")
+
+
+def frozenlake_pipeline(reply: str):
+  """An agentic pipeline on one-move FrozenLake whose engine always answers `reply`:
+  (pipeline, engine, tokenizer)."""
+  config = load_config_file(TINY_CONFIG, "rised")
+  config.envs.names = ["frozenlake"]
+  config.envs.difficulty = {"frozenlake": dict(size=2, holes=0, min_distance=1, max_turns=1)}
+  config.select.pool_groups = 4
+  config.select.batch_groups = 4
+  tokenizer = tiny.build_tokenizer(tiny.environment_words(["frozenlake"]))
+  engine = RecordingEngine(tokenizer, reply)
+  return AgenticPipeline(config, engine, tokenizer), engine, tokenizer
 
 
 def write_run(root: Path, preset: str, seed: int, values: dict[str, float], *,

@@ -20,6 +20,7 @@ from rised_jax.rollout.base import GenerationRequest, GenerationResult, Sampling
 from rised_jax.rollout.chat import ChatFormat
 from rised_jax.rollout.jax_engine import JaxEngine
 from rised_jax.types import Task
+from tests.fake_engine import FakeEngine
 
 RUN_SEED = 11
 IM_END = 2                                          # SmolLM2's "<|im_end|>" (its EOS)
@@ -118,23 +119,19 @@ def test_template_that_does_not_end_turns_with_a_stop_token_is_refused(tokenizer
 # ------------------------------------------------------------------ scripted engine
 
 
-class ScriptedEngine:
+class ScriptedEngine(FakeEngine):
   """Replies with the ids scripted for each request's seed (cut to its max_new_tokens);
   log-prob k of a reply is -(k + 1) / 100. Records every request."""
 
   def __init__(self, replies):
+    super().__init__()
     self.replies = replies
-    self.requests: list[GenerationRequest] = []
 
-  def generate(self, requests):
-    self.requests.extend(requests)
-    results = []
-    for request in requests:
-      ids = self.replies[request.seed][:request.params.max_new_tokens]
-      stopped = ids[-1] in request.params.stop_token_ids
-      results.append(GenerationResult(list(ids), [-(k + 1) / 100 for k in range(len(ids))],
-                                      "stop" if stopped else "length"))
-    return results
+  def reply(self, request, call):
+    ids = self.replies[request.seed][:request.params.max_new_tokens]
+    stopped = ids[-1] in request.params.stop_token_ids
+    return GenerationResult(list(ids), [-(k + 1) / 100 for k in range(len(ids))],
+                            "stop" if stopped else "length")
 
 
 def split_answer_ids(tok, action):

@@ -9,10 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-from rised_jax import analysis, compare, runlog
+from rised_jax import analysis, compare, runlog, stats
 from rised_jax.rubrics import profiles
 from rised_jax.rubrics.vocabulary import RubricEntry, Vocabulary
-from rised_jax.runlog import RunLog, wilson_interval
+from rised_jax.runlog import RunLog
+from rised_jax.stats import wilson_interval
 from rised_jax.types import Group, Task, Trajectory, Turn
 from tests.run_fixtures import write_run
 
@@ -180,7 +181,7 @@ def test_selection_stats_rejects_an_inconsistent_group(tmp_path):
 
 
 def test_before_after_from_summary_and_from_eval(run):
-  expected = runlog.format_pass_rate_table(eval_results(0), eval_results(3))
+  expected = stats.format_pass_rate_table(eval_results(0), eval_results(3))
   assert analysis.before_after_table(run) == expected
   # Mean before (2/8 + 1/8) / 2 = 0.1875, after (6/8 + 3/8) / 2 = 0.5625 (ties round to even).
   assert expected.splitlines()[2:] == [

@@ -15,7 +15,7 @@ import pytest
 
 from rised_jax import trainer
 from rised_jax.model import tiny
-from tests.test_trainer import load_config_file
+from tests.run_fixtures import load_config_file
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "experiments" / "configs" / "tiny_cpu.py"

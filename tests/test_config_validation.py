@@ -9,8 +9,9 @@ import jax
 import pytest
 
 from rised_jax import config as config_lib
+from rised_jax import pipelines
 from rised_jax import trainer
-from tests.test_trainer import load_config_file
+from tests.run_fixtures import load_config_file
 
 CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
 
@@ -53,7 +54,7 @@ def _tiny(arg: str = "rised", **edits):
 ])
 def test_bad_values_are_named_before_the_model_loads(edits, message):
   with pytest.raises(ValueError, match=message):
-    config_lib.validate(_tiny(**edits))
+    pipelines.validate(_tiny(**edits))
 
 
 def test_a_misspelt_key_is_named_with_the_likely_one():
@@ -62,19 +63,19 @@ def test_a_misspelt_key_is_named_with_the_likely_one():
     config.train.stpes = 3
   with pytest.raises(ValueError, match=r"config\.train\.stpes=3: unknown key; did you mean "
                                        r"'train\.steps'\?"):
-    config_lib.validate(config)
+    pipelines.validate(config)
 
 
 def test_open_option_dicts_take_new_keys():
-  config_lib.validate(_tiny(**{"judge.options": {"progress_min_fraction": 0.25}}))
+  pipelines.validate(_tiny(**{"judge.options": {"progress_min_fraction": 0.25}}))
 
 
 def test_mesh_is_checked_against_the_devices_when_known():
   config = _tiny(mesh={"data": 2, "fsdp": -1, "tensor": 1})
-  config_lib.validate(config)             # a dry run elsewhere: the shape itself is fine
-  config_lib.validate(config, num_devices=4)
+  pipelines.validate(config)             # a dry run elsewhere: the shape itself is fine
+  pipelines.validate(config, num_devices=4)
   with pytest.raises(ValueError, match=r"config\.mesh: .*does not divide the 3 devices"):
-    config_lib.validate(config, num_devices=3)
+    pipelines.validate(config, num_devices=3)
 
 
 def test_algorithm_override_reapplies_the_preset_and_explicit_keys_win():
@@ -84,7 +85,7 @@ def test_algorithm_override_reapplies_the_preset_and_explicit_keys_win():
   assert (config.select.name, config.teacher.enabled, config.guidance.enabled,
           config.step.beta) == ("uniform", False, False, 0.0)
   assert config.select.pool_groups == config.select.batch_groups == 2
-  config_lib.validate(config)
+  pipelines.validate(config)
 
   config = _tiny("rised")
   config.algorithm, config.guidance.enabled = "rised_no_guidance", True
@@ -104,7 +105,7 @@ def test_switching_to_a_selecting_preset_asks_for_the_pool_it_lost():
   config_lib.reapply_preset(config, {"algorithm": "rised", "select.pool_groups": 4})
   with pytest.raises(ValueError, match=r"teacher\.enabled=True but config\.step\.beta=0\.0.*"
                                        r"--config\.step\.beta"):
-    config_lib.validate(config)
+    pipelines.validate(config)
 
 
 def test_build_checks_the_mesh_against_the_devices_before_loading_the_model(tmp_path):

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from rised_jax import config as config_lib
+from rised_jax import pipelines
 from rised_jax import trainer
 from rised_jax.model import tiny
-from tests.test_trainer import load_config_file
+from tests.run_fixtures import load_config_file
 
 CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
 AGENTIC_PRESETS = ["rised", "rised_no_select", "rised_no_teacher", "rised_no_guidance", "grpo",
@@ -25,7 +26,7 @@ AGENTIC_PRESETS = ["rised", "rised_no_select", "rised_no_teacher", "rised_no_gui
                                          ("rised_qwen3_multienv.py", ",4b,local")])
 def test_config_loads_and_validates(name, extra, preset):
   config = load_config_file(CONFIGS / name, preset + extra)
-  config_lib.validate(config)
+  pipelines.validate(config)
   assert config.algorithm == preset
   for dotted, value in config_lib.PRESETS[preset].items():
     node = config
@@ -61,14 +62,14 @@ def test_bad_values_are_named_before_anything_loads(key, value, message):
     node = node[name]
   node[leaf] = value
   with pytest.raises(ValueError, match=message):
-    config_lib.validate(config)
+    pipelines.validate(config)
 
 
 def test_unknown_difficulty_knob_is_named():
   config = load_config_file(CONFIGS / "smollm2_cpu.py", "rised")
   config.envs.difficulty.maze.depth = 3
   with pytest.raises(ValueError, match="depth"):
-    config_lib.validate(config)
+    pipelines.validate(config)
 
 
 def test_paper_scale_config_local_switch_runs(tmp_path):

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from rised_jax import config as config_lib, parallel, select
+from rised_jax import config as config_lib, parallel, pipelines, select
 from rised_jax.learn import train_step
 from rised_jax.pipelines.agentic import Progress
 from rised_jax.rubrics import Vocabulary
@@ -104,7 +104,7 @@ def test_presets_rollouts_per_step(preset, pool, batch):
   # tiny_cpu.py: K = 8, B = 2.
   config = load_config_file(CONFIG, preset)
   assert (config.select.pool_groups, config.select.batch_groups) == (pool, batch)
-  config_lib.validate(config)
+  pipelines.validate(config)
 
 
 def test_control_presets_set_their_stage():
@@ -138,7 +138,7 @@ COMPARE_CONFIG = CONFIG.parent / "compare_qwen3_0p6b_1gpu.py"
 def test_one_accelerator_comparison_config(preset):
   from rised_jax import envs  # noqa: PLC0415
   config = load_config_file(COMPARE_CONFIG, preset)
-  config_lib.validate(config)
+  pipelines.validate(config)
   # K = 4B for the selectors; grpo rolls out its batch, grpo_matched RISED's pool.
   expected = {"grpo": (8, 8), "grpo_matched": (32, 32)}.get(preset, (32, 8))
   assert (config.select.pool_groups, config.select.batch_groups) == expected

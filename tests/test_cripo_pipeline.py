@@ -7,7 +7,6 @@ checked against an independent expectation. The tokenizer is a tiny word-level o
 tasks' words (rised_jax.model.tiny.build_tokenizer); the end-to-end run uses a tiny random
 model over the same vocabulary.
 """
-import collections
 import dataclasses
 import json
 from pathlib import Path
@@ -18,16 +17,18 @@ import pytest
 import scipy.stats
 
 from rised_jax import config as config_lib
-from rised_jax import parallel, runlog, trainer
+from rised_jax import pipelines
+from rised_jax import parallel, runlog, stats, tasks, trainer
 from rised_jax.learn import batching, train_step
 from rised_jax.model import from_config, save_pretrained, tiny
 from rised_jax.pipelines import make_pipeline
 from rised_jax.pipelines import rubric
-from rised_jax.rollout.base import GenerationResult
+from rised_jax.rollout.base import EngineLimits, GenerationResult
 from rised_jax.rubric_tasks import BUILTIN_PATH, check
 from rised_jax.rubrics import criteria
 from rised_jax.teach import cripo_prefix
-from tests.test_trainer import load_config_file
+from tests.fake_engine import FakeEngine
+from tests.run_fixtures import load_config_file
 
 CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
 TASK_IDS = ["sky-blue", "sunset-red", "rainbow", "thunder-delay", "heart-chambers", "blood-types"]
@@ -106,30 +107,22 @@ def tokenizer(task_set, scripts):
   return tiny.build_tokenizer(sorted({w for t in texts for w in tiny.WORD.findall(t)}))
 
 
-class ScriptedEngine:
+class ScriptedEngine(FakeEngine):
   """Answers each prompt with its task's scripted texts, in order within a call; any other
   prompt (a question to the in-process judge) with `other`."""
 
-  def __init__(self, tokenizer, other=JUDGE_ANSWER):
+  def __init__(self, tokenizer, other=JUDGE_ANSWER, limits=EngineLimits()):
+    super().__init__(limits)
     self.tokenizer = tokenizer
     self.scripts: dict[tuple[int, ...], list[str]] = {}
     self.other = other
-    self.calls = []
 
-  def generate(self, requests):
-    self.calls.append(list(requests))
-    seen = collections.Counter()
-    results = []
-    for request in requests:
-      key = tuple(request.prompt_ids)
-      texts = self.scripts.get(key, [self.other])
-      ids = self.tokenizer.encode(texts[seen[key] % len(texts)]) + [self.tokenizer.eos_token_id]
-      seen[key] += 1
-      results.append(GenerationResult(ids, [-0.5 - 0.01 * k for k in range(len(ids))], "stop"))
-    return results
-
-  def update_weights(self, model, version):
-    del model, version
+  def reply(self, request, call):
+    key = tuple(request.prompt_ids)
+    texts = self.scripts.get(key, [self.other])
+    seen = sum(tuple(r.prompt_ids) == key for r in call)
+    ids = self.tokenizer.encode(texts[seen % len(texts)]) + [self.tokenizer.eos_token_id]
+    return GenerationResult(ids, [-0.5 - 0.01 * k for k in range(len(ids))], "stop")
 
 
 def make_config(preset, task_file, **edits):
@@ -145,7 +138,7 @@ def make_config(preset, task_file, **edits):
   c = config_lib.apply_preset(c)
   for dotted, value in edits.items():
     config_lib._set(c, dotted, value)  # pylint: disable=protected-access
-  config_lib.validate(c)
+  pipelines.validate(c)
   return c
 
 
@@ -398,14 +391,14 @@ def test_evaluation_per_domain_on_held_out_tasks(cripo_run, task_set, scripts):
     half = scipy.stats.t.ppf(0.975, 1) * scores.std(ddof=1) / np.sqrt(2)
     result = results[name]
     assert result["pass_rate"] == np.mean(passed) and result["episodes"] == 2
-    assert (result["ci_low"], result["ci_high"]) == runlog.wilson_interval(sum(passed), 2)
+    assert (result["ci_low"], result["ci_high"]) == stats.wilson_interval(sum(passed), 2)
     assert result["score"] == pytest.approx(scores.mean(), abs=1e-6)
     assert result["score_ci_low"] == pytest.approx(scores.mean() - half, abs=1e-5)
     assert result["score_ci_high"] == pytest.approx(scores.mean() + half, abs=1e-5)
     met = [v[w > 0].mean() for v, w in zip(verdicts, weights)]
     assert result["criteria_met"] == pytest.approx(np.mean(met), abs=1e-6)
   assert results["science"]["pass_rate"] == 0.5   # the reference passes, "I do not know" fails
-  runlog.check_results(results, "results")        # what the run log accepts
+  stats.check_results(results, "results")        # what the run log accepts
 
 
 def test_visible_answer_and_engine_limits(task_file, tokenizer):
@@ -413,28 +406,27 @@ def test_visible_answer_and_engine_limits(task_file, tokenizer):
   assert rubric.visible_answer("  <think>still thinking", True) == ""
   assert rubric.visible_answer("<think>x</think> y ", False) == "<think>x</think> y"
 
-  class Bucketed(ScriptedEngine):
-    prompt_buckets, new_token_buckets = (16,), (64,)
+  def bucketed(prompt_bucket):
+    return ScriptedEngine(tokenizer, limits=EngineLimits.of_buckets((prompt_bucket,), (64,)))
 
   with pytest.raises(ValueError, match=r"rubric task '.*': its prompt has \d+ tokens, more than "
                                        r"the engine's largest prompt bucket 16"):
-    make_pipeline(make_config("cripo", task_file), Bucketed(tokenizer), tokenizer)
-  Bucketed.prompt_buckets = (512,)
+    make_pipeline(make_config("cripo", task_file), bucketed(16), tokenizer)
   with pytest.raises(ValueError, match=r"max_new_tokens=100 is above the engine's largest "
                                        r"new-token bucket 64"):
     make_pipeline(make_config("cripo", task_file, **{"rubric.max_new_tokens": 100}),
-                  Bucketed(tokenizer), tokenizer)
+                  bucketed(512), tokenizer)
 
 
 def test_task_stream_split_and_resume():
   train, held_out = rubric.split_tasks(128, 32, split_seed=3)
   assert len(held_out) == 32 and sorted(train + held_out) == list(range(128))
   assert rubric.split_tasks(128, 32, split_seed=3) == (train, held_out)
-  stream = rubric.RubricTaskStream(train[:5], seed=7)
+  stream = tasks.ShuffledStream(train[:5], seed=7)
   first = stream.next(3) + stream.next(4) + stream.next(3)
   assert sorted(first[:5]) == sorted(train[:5]) == sorted(first[5:10])
   assert first[:5] != first[5:10]                 # a new order each epoch
-  resumed = rubric.RubricTaskStream(train[:5], seed=7)
+  resumed = tasks.ShuffledStream(train[:5], seed=7)
   resumed.load_state_dict(json.loads(json.dumps(stream.state_dict())))
   assert resumed.next(6) == stream.next(6)
   with pytest.raises(ValueError, match="eval_tasks=128"):
@@ -446,7 +438,7 @@ def test_paper_configs_validate_without_the_model(name, beta):
   path = CONFIGS / f"{name}.py"
   for preset in PRESETS:
     c = load_config_file(path, preset)
-    config_lib.validate(c)
+    pipelines.validate(c)
     assert (c.rollout.group_size, c.select.batch_groups, c.select.pool_groups) == (8, 64, 64)
     assert (c.optim.learning_rate, c.train.steps, c.rubric.max_new_tokens) == (1e-6, 200, 4096)
     assert c.step.beta == (beta if preset in ("cripo", "cripo_u") else 0.0)
@@ -458,7 +450,7 @@ def test_paper_configs_validate_without_the_model(name, beta):
     assert c.rubric.judge.options.model == "Qwen/Qwen3-32B"
     assert not Path(c.model.source).exists()
     local = load_config_file(path, f"{preset},local")
-    config_lib.validate(local)
+    pipelines.validate(local)
     assert (local.rollout.engine, local.rubric.judge.backend) == ("jax", "checker")
     assert local.select.batch_groups * local.rollout.group_size <= 8 and local.train.steps <= 2
   with pytest.raises(ValueError, match="unknown flag"):
@@ -468,7 +460,7 @@ def test_paper_configs_validate_without_the_model(name, beta):
 def test_cpu_config_validates():
   for preset in PRESETS:
     c = load_config_file(CONFIGS / "cripo_cpu.py", preset)
-    config_lib.validate(c)
+    pipelines.validate(c)
     assert c.pipeline == "rubric" and c.model.source == "smollm2-135m-instruct"
     if preset in ("cripo", "cripo_u"):
       assert (c.step.distill_norm, c.step.micro_batches) == ("kept-tokens", 1)

@@ -14,7 +14,7 @@ import pytest
 
 from rised_jax import envs, evaluate, trainer
 from rised_jax.model import tiny
-from tests.test_trainer import CONFIG, load_config_file
+from tests.run_fixtures import TINY_CONFIG as CONFIG, load_config_file
 
 
 def best_blind_pass_rate(tasks) -> tuple[float, tuple[str, ...]]:

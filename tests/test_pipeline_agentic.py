@@ -2,43 +2,10 @@
 that reach training rollouts but never evaluation prompts."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from rised_jax.learn import batching
-from rised_jax.model import tiny
-from rised_jax.pipelines.agentic import AgenticPipeline
-from rised_jax.rollout.base import GenerationResult
-from tests.test_trainer import load_config_file
-
-CONFIG = Path(__file__).resolve().parent.parent / "experiments" / "configs" / "tiny_cpu.py"
-
-
-class RecordingEngine:
-  """Answers every request with `reply`, and records every prompt it was given."""
-
-  def __init__(self, tokenizer, reply: str):
-    self.ids = tokenizer.encode(reply) + [tokenizer.eos_token_id]
-    self.prompts: list[list[int]] = []
-
-  def generate(self, requests):
-    self.prompts += [list(r.prompt_ids) for r in requests]
-    return [GenerationResult(list(self.ids), [-0.25] * len(self.ids), "stop") for _ in requests]
-
-  def update_weights(self, model, version):
-    del model, version
-
-
-def _pipeline(reply: str):
-  config = load_config_file(CONFIG, "rised")
-  config.envs.names = ["frozenlake"]
-  config.envs.difficulty = {"frozenlake": dict(size=2, holes=0, min_distance=1, max_turns=1)}
-  config.select.pool_groups = 4
-  config.select.batch_groups = 4
-  tokenizer = tiny.build_tokenizer(tiny.environment_words(["frozenlake"]))
-  engine = RecordingEngine(tokenizer, reply)
-  return AgenticPipeline(config, engine, tokenizer), engine, tokenizer
+from tests.run_fixtures import frozenlake_pipeline as _pipeline
 
 
 def _contains(haystack: list[int], needle: list[int]) -> bool:

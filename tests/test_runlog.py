@@ -12,7 +12,8 @@ from tensorboard.util import tensor_util
 
 from rised_jax import runlog
 from rised_jax.rubrics.vocabulary import RubricEntry, Vocabulary
-from rised_jax.runlog import RunLog, format_pass_rate_table, read_jsonl, wilson_interval
+from rised_jax.runlog import RunLog, read_jsonl
+from rised_jax.stats import format_pass_rate_table, wilson_interval
 from rised_jax.types import Group, Task, Trajectory, Turn
 
 VOCAB = Vocabulary([RubricEntry("valid_syntax", "+", "Uses valid action syntax"),

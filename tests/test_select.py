@@ -408,14 +408,14 @@ def test_task_history_fires_on_a_repeated_instance_under_another_seed():
 def test_rised_configs_roll_out_four_candidates_per_trained_group(name, arg):
   import warnings
   from pathlib import Path
-  from rised_jax import config as config_lib
-  from tests.test_trainer import load_config_file
+  from rised_jax import pipelines
+  from tests.run_fixtures import load_config_file
   config = load_config_file(Path(__file__).resolve().parent.parent / "experiments" / "configs"
                             / name, arg)
   assert config.select.pool_groups >= 4 * config.select.batch_groups
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    config_lib.validate(config)
+    pipelines.validate(config)
   config.select.pool_groups = config.select.batch_groups
   with pytest.warns(UserWarning, match="pool_groups == batch_groups .* selection does nothing"):
-    config_lib.validate(config)
+    pipelines.validate(config)

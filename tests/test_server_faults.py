@@ -14,6 +14,7 @@ import pytest
 
 from fake_sglang_server import FakeSGLangServer
 from rised_jax import config as config_lib
+from rised_jax import pipelines
 from rised_jax import evaluate, trainer
 from rised_jax.learn import batching
 from rised_jax.model import tiny
@@ -21,7 +22,7 @@ from rised_jax.pipelines import make_pipeline
 from rised_jax.rollout.agent_loop import sampling_seed
 from rised_jax.rollout.sglang_engine import SGLangEngine
 from rised_jax.tasks import TaskStream
-from tests.test_trainer import load_config_file
+from tests.run_fixtures import load_config_file
 
 CONFIG = Path(__file__).resolve().parent.parent / "experiments" / "configs" / "tiny_cpu.py"
 FAULTS = ["bad_token", "nan_logprob", "positive_logprob", "too_many", "short_logprobs"]
@@ -60,7 +61,7 @@ def rubric_config():
   c.rollout.group_size = 4
   c.select.batch_groups = 3
   c = config_lib.apply_preset(c)
-  config_lib.validate(c)
+  pipelines.validate(c)
   return c
 
 
@@ -141,7 +142,7 @@ def test_sglang_keys_are_validated():
     bad = config_lib.default_config()
     bad.rollout.sglang[key] = value
     with pytest.raises(ValueError, match=rf"config.rollout.sglang.{key}=.*expected {expected}"):
-      config_lib.validate(bad)
+      pipelines.validate(bad)
 
 
 def poisoned(body) -> bool:

@@ -2,7 +2,6 @@
 tests/test_learning.py)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -18,19 +17,12 @@ import pytest
 
 from rised_jax import analysis, runlog, trainer
 from rised_jax.model import tiny
+from tests.run_fixtures import load_config_file
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "experiments" / "configs" / "tiny_cpu.py"
 NOTEBOOK = REPO / "notebooks" / "analyze_run.ipynb"
 VOLATILE = ("time", "wall")
-
-
-def load_config_file(path: Path, arg: str):
-  """`get_config(arg)` of an experiment file, as `--config path:arg` would call it."""
-  spec = importlib.util.spec_from_file_location(path.stem, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
 
 
 def _config(arg: str, model_dir: Path, **overrides):

@@ -24,6 +24,7 @@ import logging
 from typing import Any, Mapping
 
 from rised_jax import plugins
+from rised_jax.checks import named
 from rised_jax.envs.base import (Environment, EnvironmentProtocol, Outcome,
                                  check_environment_class)
 from rised_jax.envs.countdown import Countdown
@@ -170,7 +171,29 @@ def _lookup(name: str) -> type:
   return ENVIRONMENTS.lookup(name)   # a PluginError (ValueError) names what is wrong
 
 
-__all__ = ["ENVIRONMENTS", "Environment", "EnvironmentProtocol", "Outcome", "check_name",
+
+def check_config(config: Any) -> None:
+  """config.envs: its aliases registered, every name imported (plug-ins and suites: their errors
+  come before the model loads) and each one's difficulty knobs."""
+  if not config.envs.names:
+    raise ValueError(f"config.envs.names=[]: expected at least one of {names() + suite_names()} "
+                     "or an import path 'package.module:Class'")
+  for alias, target in config.envs.aliases.items():
+    with named(f"config.envs.aliases.{alias}"):
+      register(alias, target)
+  with named("config.envs.names"):
+    for name in config.envs.names:
+      difficulty_keys(name)
+  for name in config.envs.difficulty:
+    if name not in config.envs.names:
+      raise ValueError(f"config.envs.difficulty.{name}: {name!r} is not in config.envs.names")
+  with named("config.envs.names"):
+    for name in config.envs.names:
+      knobs = config.envs.difficulty.get(name)
+      check_name(name, dict(knobs.items()) if knobs is not None else {})
+
+
+__all__ = ["ENVIRONMENTS", "Environment", "check_config", "EnvironmentProtocol", "Outcome", "check_name",
            "close", "is_environment", "register", "format_answer", "make", "names", "suite_names",
            "difficulty_keys",
            "instance_key",

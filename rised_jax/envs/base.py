@@ -76,12 +76,12 @@ import abc
 import dataclasses
 import hashlib
 import inspect
-import numbers
 import random
 from typing import Any, ClassVar, Hashable, Protocol, runtime_checkable
 
 from rised_jax.envs import parsing
 from rised_jax.types import Event
+from rised_jax.checks import is_int, is_number
 
 StepResult = tuple[str, float, bool, dict[str, Any]]
 _GIVE_UP = object()  # the parsed form of "give up": handled here for every environment
@@ -139,8 +139,7 @@ def check_step_result(result: Any, env: str) -> StepResult:
   observation, reward, done, info = result
   if not isinstance(observation, str):
     raise ValueError(f"{env}: step's observation is {type(observation).__name__}; expected str")
-  if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or reward != reward \
-      or abs(reward) == float("inf"):
+  if not is_number(reward):
     raise ValueError(f"{env}: step's reward is {reward!r}; expected a finite number")
   if not isinstance(info, dict):
     raise ValueError(f"{env}: step's info is {type(info).__name__}; expected a dict with keys "
@@ -170,14 +169,14 @@ class Outcome:
 
 def check_int(env: str, key: str, value: Any, low: int, high: int) -> int:
   """Validates an integer difficulty knob, naming the environment, key and allowed range."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
+  if not is_int(value) or not low <= value <= high:
     raise ValueError(f"{env}: {key} must be an integer in [{low}, {high}], got {value!r}")
   return int(value)
 
 
 def check_float(env: str, key: str, value: Any, low: float, high: float) -> float:
   """Validates a real difficulty knob, naming the environment, key and allowed range."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not low <= value <= high:
+  if not is_number(value, finite=False) or not low <= value <= high:
     raise ValueError(f"{env}: {key} must be a number in [{low}, {high}], got {value!r}")
   return float(value)
 
@@ -227,7 +226,7 @@ class Environment(abc.ABC):
 
   def reset(self, seed: int) -> str:
     """Starts the episode of this seed and returns the first observation."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    if not is_int(seed):
       raise ValueError(f"{self.name}: seed must be an integer, got {seed!r}")
     self._rng = random.Random(int(seed))
     self._turn = 0

@@ -48,9 +48,9 @@ as "invalid_action"; a "give up" phrase ends the episode ("gave_up"). The turn b
 from __future__ import annotations
 
 import logging
-import numbers
 from typing import Any, ClassVar, Mapping
 
+from rised_jax.checks import is_int, is_number
 from rised_jax.envs import parsing
 from rised_jax.envs.base import StepResult, check_float, check_int
 from rised_jax.rollout import http_retry
@@ -157,7 +157,7 @@ class RemoteEnvironment:
     return self._system_prompt
 
   def item_of(self, seed: int) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    if not is_int(seed):
       raise ValueError(f"{self.name}: seed must be an integer, got {seed!r}")
     return self.item_offset + int(seed) % self.items
 
@@ -215,8 +215,7 @@ class RemoteEnvironment:
     self._check_error(answer, where)
     observation = _observation_from(answer, where)
     reward, done = answer.get("reward"), answer.get("done")
-    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or reward != reward \
-        or abs(reward) == float("inf") or not isinstance(done, bool):
+    if not is_number(reward) or not isinstance(done, bool):
       raise RemoteEnvError(f"{where}: reply has reward={reward!r}, done={done!r}; expected a "
                            "finite number and a boolean")
     success = answer.get("success", done and reward >= self.success_reward)

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import atexit
 import importlib
-import numbers
 import weakref
 from typing import Any, Callable, Generic, TypeVar
 
+from rised_jax.checks import is_int
 from rised_jax.envs import base
 
 Backend = TypeVar("Backend")
@@ -48,7 +48,7 @@ class SuiteEnvironment(base.Environment):
   """A `base.Environment` over an external suite whose seed picks the episode."""
 
   def reset(self, seed: int) -> str:
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+    if not is_int(seed) or seed < 0:
       raise ValueError(f"{self.name}: seed must be a non-negative integer, got {seed!r}")
     self._seed = int(seed)
     first = super().reset(seed)

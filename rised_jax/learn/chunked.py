@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from rised_jax.learn import losses
+from rised_jax.checks import is_int
 
 Array = jax.Array
 
@@ -59,7 +60,7 @@ def _check_rows(hidden: Array, targets: Array, chunk: int, logits_fn: Callable[[
     raise ValueError(f"targets must be integer token ids; got dtype {targets.dtype}")
   if hidden.shape[1] < 2:
     raise ValueError(f"need T >= 2 columns to predict a token; got T = {hidden.shape[1]}")
-  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+  if not is_int(chunk) or chunk < 1:
     raise ValueError(f"chunk must be a positive int; got {chunk!r}")
   # Abstract evaluation only (no FLOPs): checks the head's output and learns V.
   batch, _, width = hidden.shape

@@ -65,6 +65,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rised_jax.checks import is_int
+
 REWARD_NORMALIZERS = ("sum", "abs", "positive")
 PAPER_BETA = {"qwen3-1.7b": 0.05, "qwen3-4b": 0.03}
 
@@ -86,7 +88,7 @@ class CriPOGroupConfig:
     if self.reward_normalizer not in REWARD_NORMALIZERS:
       raise ValueError(f"cripo.reward_normalizer={self.reward_normalizer!r}; expected one of "
                        f"{REWARD_NORMALIZERS}")
-    if isinstance(self.max_uc, bool) or not isinstance(self.max_uc, int) or self.max_uc < 0:
+    if not is_int(self.max_uc) or self.max_uc < 0:
       raise ValueError(f"cripo.max_uc={self.max_uc!r}; expected an integer >= 0")
     if not self.adv_eps >= 0:
       raise ValueError(f"cripo.adv_eps={self.adv_eps!r}; expected a number >= 0")

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from rised_jax.learn import lookup
+from rised_jax.checks import is_int
 
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
@@ -328,7 +329,7 @@ def check_clamp(clamp: float | None) -> None:
 def resolve_divergence(divergence: str, topk: int | None, clamp: float | None,
                              options: Mapping[str, float] | None) -> Callable[..., Array]:
   """Validates the distillation settings; returns the divergence with its options bound."""
-  if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int) or topk < 1):
+  if topk is not None and (not is_int(topk) or topk < 1):
     raise ValueError(f"topk must be a positive int or None; got {topk!r}")
   check_clamp(clamp)
   return lookup(DIVERGENCES, "distillation divergence", divergence, **(options or {}))

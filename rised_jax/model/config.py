@@ -27,6 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from rised_jax.model.errors import ModelConfigError
+from rised_jax.checks import is_int, is_number
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
@@ -147,7 +148,7 @@ class ModelConfig:
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                 "num_kv_heads", "head_dim"):
       value = getattr(self, key)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      if not is_int(value) or value < 1:
         self._fail(key, f"must be a positive integer, got {value!r}")
     if self.num_heads % self.num_kv_heads:
       self._fail("num_key_value_heads", f"({self.num_kv_heads}) must divide "
@@ -492,7 +493,7 @@ class _Reader:
       return None
     if isinstance(value, float) and value.is_integer():
       value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    if not is_int(value) or value < minimum:
       self.fail(key, f"must be an integer >= {minimum}, got {value!r}")
     return value
 
@@ -500,7 +501,7 @@ class _Reader:
     value = self._get(key, default)
     if value is None and default is None:
       return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+    if not is_number(value):
       self.fail(key, f"must be a finite number, got {value!r}")
     return float(value)
 
@@ -528,7 +529,7 @@ class _Reader:
   def token_ids(self, key: str) -> int | tuple[int, ...] | None:
     value = self._get(key, None)
     if isinstance(value, list):
-      if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+      if not all(is_int(v) and v >= 0 for v in value):
         self.fail(key, f"must be a token id or a list of token ids, got {value!r}")
       return tuple(value)
     return self.token_id(key)

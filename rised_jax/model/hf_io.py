@@ -138,7 +138,7 @@ def _param_at(model: Decoder, path: tuple[str | int, ...]) -> tuple[nnx.Param, i
   """The parameter holding the tensor at `path` and, when the decoder stacks its layers
   (`scan_layers`: path ("layers", i, ...) lives at row i of a [L, ...] parameter), the row."""
   row = None
-  if getattr(model, "scan_layers", False) and path[0] == "layers":
+  if model.scan_layers and path[0] == "layers":
     path, row = (path[0],) + path[2:], path[1]
   node: Any = model
   for key in path:
@@ -189,7 +189,7 @@ def load_state_dict(model: Decoder, state: Mapping[str, np.ndarray],
     if found != spec.hf_shape:
       raise WeightError(f"{source}: tensor '{spec.hf_name}' has shape {found}, the config "
                         f"({cfg.source}) expects {spec.hf_shape}")
-  stacked = getattr(model, "scan_layers", False)
+  stacked = model.scan_layers
   stack = None   # the host [L, ...] array of the stacked parameter being filled
   for spec in (_stacked_order(specs) if stacked else specs):
     array = state[spec.hf_name]

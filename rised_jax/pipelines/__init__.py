@@ -11,16 +11,20 @@ A pipeline turns a training step's tasks into trainable rows. The trainer calls,
   observe(pool)                  -> None                 memories updated after the step (guidance)
   evaluate()                     -> {name: results}      held-out pass rates (never with hints)
   metrics(pool, selected)        -> metrics              per-step diagnostics
+  log_rollouts(log, step, pool)  -> None                 what the run log records of the pool
   host_state()                   -> {name: HostState}    what a checkpoint must carry
 
 `config.pipeline` names one of `PIPELINES`; the presets of `rised_jax.config` choose it.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any, Mapping, Protocol, Sequence
 
+from rised_jax import config as config_lib
 from rised_jax.checkpoint import HostState
 from rised_jax.learn.batching import Row
+from rised_jax.runlog import RunLog
 from rised_jax.types import Group
 
 
@@ -40,18 +44,36 @@ class Pipeline(Protocol):
   def observe(self, pool: Sequence[Group]) -> None: ...
   def evaluate(self) -> dict[str, dict[str, float]]: ...
   def metrics(self, pool: Sequence[Group], selected: Sequence[Group]) -> dict[str, float]: ...
+  def log_rollouts(self, log: RunLog, step: int, pool: Sequence[Group]) -> None: ...
   def host_state(self) -> Mapping[str, HostState]: ...
+
+
+def _module(name: str):
+  """The module of pipeline `name` (imported on demand: each pulls in its own stages)."""
+  if name not in PIPELINES:
+    raise ValueError(f"config.pipeline={name!r}: expected one of {tuple(PIPELINES)}")
+  return importlib.import_module(f"rised_jax.pipelines.{PIPELINES[name]}")
+
+
+def check_config(config: Any) -> None:
+  """The named pipeline's `check_config`: its keys and those of each stage it composes."""
+  _module(config.pipeline).check_config(config)
+
+
+def validate(config: Any, num_devices: int | None = None) -> None:
+  """Validates `config` whole: the config's own checks, then the pipeline's (`check_config`).
+
+  The one entry point (`trainer.build`, `rised-train --dry_run`); `rised_jax.config` cannot
+  call the stages itself without importing the layers above it.
+  """
+  config_lib.validate(config, (check_config,), num_devices)
 
 
 def make_pipeline(config: Any, engine: Any, tokenizer: Any) -> Pipeline:
   """The pipeline that `config.pipeline` names."""
-  if config.pipeline == "agentic":
-    from rised_jax.pipelines.agentic import AgenticPipeline  # noqa: PLC0415
-    return AgenticPipeline(config, engine, tokenizer)
-  if config.pipeline == "rubric":
-    from rised_jax.pipelines.rubric import RubricPipeline  # noqa: PLC0415
-    return RubricPipeline(config, engine, tokenizer)
-  raise ValueError(f"config.pipeline={config.pipeline!r}: expected one of {PIPELINES}")
+  module = _module(config.pipeline)
+  return module.PIPELINE(config, engine, tokenizer)
 
 
-PIPELINES = ("agentic", "rubric")
+# config.pipeline -> module of rised_jax.pipelines (which defines PIPELINE and check_config).
+PIPELINES = {"agentic": "agentic", "rubric": "rubric"}

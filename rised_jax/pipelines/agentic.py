@@ -31,12 +31,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rised_jax import evaluate, rubrics, select, tasks, teach
+from rised_jax import envs, evaluate, rubrics, runlog, select, tasks, teach
+from rised_jax.config import step_config
 from rised_jax.learn import advantages as advantages_lib
 from rised_jax.learn.batching import Row
+from rised_jax.rollout import engines
 from rised_jax.rollout.agent_loop import AgentLoop, make_env
-from rised_jax.rollout.base import SamplingParams, server_retries
-from rised_jax.rollout.text import text_generator
+from rised_jax.rollout.base import SamplingParams
+from rised_jax.rollout.text import judge_options
 from rised_jax.rubrics import rule_judge
 from rised_jax.rubrics.profiles import is_tagged
 from rised_jax.types import Group
@@ -81,6 +83,16 @@ class Progress:
     self.rollouts, self.agent_tokens = int(state["rollouts"]), int(state["agent_tokens"])
 
 
+def check_config(config) -> None:
+  """The agentic pipeline's stages: selector, tag judge, teacher and guidance, environments,
+  engine (each stage's own `check_config`)."""
+  select.check_config(config)
+  rubrics.check_config(config)
+  teach.check_config(config, step_config(config).distills)
+  envs.check_config(config)
+  engines.check_config(config)
+
+
 class AgenticPipeline:
 
   def __init__(self, config, engine, tokenizer):
@@ -88,11 +100,8 @@ class AgenticPipeline:
     self.loop = agent_loop(config, engine, tokenizer, config.rollout.temperature)
     self.eval_loop = agent_loop(config, engine, tokenizer, config.eval.temperature)
     self.vocab = rubrics.Vocabulary.load(config.judge.vocabulary or "agentic_v1")
-    judge_options = config.judge.options.to_dict()
-    if config.judge.backend == "inprocess":   # the policy itself, through the same engine
-      judge_options["generate_text"] = text_generator(engine, tokenizer,
-                                                      max_new_tokens=config.judge.max_new_tokens)
-    self.judge_backend = rubrics.make_judge(config.judge.backend, self.vocab, **judge_options)
+    self.judge_backend = rubrics.make_judge(config.judge.backend, self.vocab,
+                                            **judge_options(config.judge, engine, tokenizer))
     self.selector = select.make_selector(config.select.name, seed=config.seed,
                                          **config.select.options.to_dict())
     self.teacher = (teach.PositiveTeacher(self.vocab, **config.teacher.options.to_dict())
@@ -118,10 +127,10 @@ class AgenticPipeline:
     hints = None
     if self.guidance is not None:
       hints = {env: self.guidance.hint(env) for env in self.config.envs.names}
-    retries = server_retries(self.loop.engine)
+    retries = self.loop.engine.server_retries
     pool = self.loop.run(tasks, self.config.rollout.group_size, hints=hints,
                          seed=self.config.seed * 1_000_003 + step)
-    self.faults = {"rollout/server_retries": float(server_retries(self.loop.engine) - retries),
+    self.faults = {"rollout/server_retries": float(self.loop.engine.server_retries - retries),
                    "rollout/groups_dropped": float(self.loop.groups_dropped),
                    "rollout/env_errors": float(len(self.loop.env_errors))}
     if not pool:
@@ -216,6 +225,10 @@ class AgenticPipeline:
     metrics.update(self.progress.add(pool))
     return metrics
 
+  def log_rollouts(self, log: runlog.RunLog, step: int, pool: Sequence[Group]) -> None:
+    """Every rollout of the pool, its tags named by the judge's vocabulary."""
+    log.rollouts(step, pool, self.vocab)
+
   def host_state(self) -> Mapping[str, Any]:
     state = {"tasks": self.tasks, "selector": self.selector, "progress": self.progress}
     if self.teacher is not None:
@@ -223,3 +236,6 @@ class AgenticPipeline:
     if self.guidance is not None:
       state["guidance"] = self.guidance
     return state
+
+
+PIPELINE = AgenticPipeline

@@ -1,7 +1,7 @@
 """CriPO and rubric-reward GRPO on open-ended rubric tasks (docs/ALGORITHMS.md §3).
 
 Stages:
-  roll out   the next `select.batch_groups` training tasks of a `RubricTaskStream`, each prompt
+  roll out   the next `select.batch_groups` training tasks of a `tasks.ShuffledStream`, each prompt
              (system prompt + question) rendered with the tokenizer's chat template, G single-turn
              answers each from the engine; a `Trajectory` holds prompt ⊕ answer ids, the loss mask
              on the answer, the sampler's log-probs and the decoded answer text (`turns[0]`);
@@ -40,13 +40,18 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rised_jax import rubric_tasks
+from rised_jax import config as config_lib
+from rised_jax import rubric_tasks, runlog, select
+from rised_jax import tasks as tasks_lib
+from rised_jax.checks import is_int, named
 from rised_jax.learn import cripo
 from rised_jax.learn.batching import Row
+from rised_jax.rollout import engines
 from rised_jax.rollout.agent_loop import sampling_seed
-from rised_jax.rollout.base import (GenerationRequest, SamplingParams, generate_or_none,
-                                    server_retries)
+from rised_jax.rollout.base import GenerationRequest, SamplingParams, generate_or_none
+from rised_jax.rollout.text import judge_options
 from rised_jax.rubrics import criteria as criteria_lib
+from rised_jax.rubrics import registry
 from rised_jax.stats import t_interval, wilson_interval
 from rised_jax.teach import cripo_prefix
 from rised_jax.types import Group, Task, Trajectory, Turn
@@ -123,34 +128,50 @@ def passes(verdicts: np.ndarray, weights: np.ndarray) -> bool:
   return bool(np.all(met[weights > 0]) and not np.any(met[weights < 0]))
 
 
-class RubricTaskStream:
-  """Training tasks in a fresh seeded order every epoch; the cursor is the host state."""
-
-  def __init__(self, indices: Sequence[int], seed: int = 0):
-    if not indices:
-      raise ValueError("RubricTaskStream needs at least one task")
-    self.indices = np.asarray(indices, np.int64)
-    self.seed = int(seed)
-    self.cursor = 0
-
-  def _epoch(self, epoch: int) -> np.ndarray:
-    return np.random.default_rng([self.seed, epoch]).permutation(self.indices)
-
-  def next(self, count: int) -> list[int]:
-    out, order, order_epoch = [], None, -1
-    for k in range(self.cursor, self.cursor + count):
-      epoch, position = divmod(k, len(self.indices))
-      if epoch != order_epoch:
-        order, order_epoch = self._epoch(epoch), epoch
-      out.append(int(order[position]))
-    self.cursor += count
-    return out
-
-  def state_dict(self) -> dict[str, Any]:
-    return {"cursor": self.cursor}
-
-  def load_state_dict(self, state: Mapping[str, Any]) -> None:
-    self.cursor = int(state["cursor"])
+def check_config(config) -> None:
+  """The rubric pipeline's keys: task file, split, branches vs step settings, judge, templates,
+  answer length against the engine's limits (then the engine stage's own `check_config`)."""
+  rc = config.rubric
+  if config.advantage != "grpo":
+    raise ValueError(f"config.advantage={config.advantage!r}: the rubric pipeline uses GRPO "
+                     "advantages (CriPO's SC rule is defined on them); expected 'grpo'")
+  select.check_config(config)
+  if config.select.name != "uniform" or config.select.pool_groups != config.select.batch_groups:
+    raise ValueError(f"config.select.name={config.select.name!r} with pool_groups="
+                     f"{config.select.pool_groups}, batch_groups={config.select.batch_groups}: "
+                     "the rubric pipeline trains on every group it rolls out; expected 'uniform' "
+                     "and pool_groups == batch_groups (the cripo* and grpo_rubric presets set "
+                     "them)")
+  step = config_lib.step_config(config)
+  if rc.uc_branch != step.distills:
+    raise ValueError(f"config.rubric.uc_branch={rc.uc_branch} but config.step.beta={step.beta}: "
+                     "the injection teacher is the only distillation of the rubric pipeline, so "
+                     "the UC branch needs beta > 0 and beta must be 0 without it (use the presets "
+                     "cripo, cripo_u, cripo_s, grpo_rubric)")
+  if rc.sc_branch != step.counterfactual:
+    raise ValueError(f"config.rubric.sc_branch={rc.sc_branch} but config.step.counterfactual="
+                     f"{step.counterfactual}: the SC branch and the step's counterfactual flips go "
+                     "together (use the presets cripo, cripo_u, cripo_s, grpo_rubric)")
+  group_config = config_lib.cripo_group_config(config)
+  task_set = load_task_set(rc.tasks)
+  split_tasks(len(task_set), rc.eval_tasks, rc.split_seed)
+  check_normalizer(task_set, group_config.reward_normalizer)
+  eval_group_of(rc.eval_groups.to_dict())
+  for key in ("injection_template", "counterfactual_template"):
+    if rc[key]:
+      cripo_prefix.load_template(rc[key])
+  for key, value in (("max_new_tokens", rc.max_new_tokens),
+                     ("judge.max_new_tokens", rc.judge.max_new_tokens)):
+    if not is_int(value) or value < 1:
+      raise ValueError(f"config.rubric.{key}={value!r}: expected an integer >= 1")
+  limits = engines.limits_of(config)
+  if not limits.reply_fits(rc.max_new_tokens):
+    raise ValueError(f"config.rubric.max_new_tokens={rc.max_new_tokens} is above the largest "
+                     f"config.rollout.new_token_buckets entry {limits.max_new_tokens}")
+  with named("config.rubric.judge"):
+    criteria_lib.check_options(rc.judge.backend, rc.judge.options.to_dict(),
+                               supplied=registry.supplied_options(rc.judge.backend))
+  engines.check_config(config)
 
 
 @dataclasses.dataclass
@@ -174,18 +195,15 @@ class RubricPipeline:
     self.engine = engine
     self.tokenizer = tokenizer
     self.task_set = load_task_set(rc.tasks)
-    self.group_config = cripo.CriPOGroupConfig(**rc.cripo.to_dict())
-    check_normalizer(self.task_set, self.group_config.reward_normalizer)
+    self.group_config = config_lib.cripo_group_config(config)
     self.train_indices, self.eval_indices = split_tasks(len(self.task_set), rc.eval_tasks,
                                                         rc.split_seed)
     self.eval_group = eval_group_of(rc.eval_groups.to_dict())
-    self.tasks = RubricTaskStream(self.train_indices, seed=config.seed)
+    self.tasks = tasks_lib.ShuffledStream(self.train_indices, seed=config.seed)
     self.system_prompt = rc.system_prompt or None
     self.injection_template = rc.injection_template or cripo_prefix.INJECTION_TEMPLATE
     self.counterfactual_template = (rc.counterfactual_template
                                     or cripo_prefix.COUNTERFACTUAL_TEMPLATE)
-    cripo_prefix.load_template(self.injection_template)
-    cripo_prefix.load_template(self.counterfactual_template)
     self.assistant_start = assistant_start_ids(tokenizer)
     self.prompt_ids = [self._prefix_ids(self._messages(task.prompt), f"task {task.id!r}")
                        for task in self.task_set.tasks]
@@ -197,12 +215,8 @@ class RubricPipeline:
                                    stop_token_ids=stops)
     self.eval_sampling = SamplingParams(max_new_tokens=rc.max_new_tokens,
                                         temperature=config.eval.temperature, stop_token_ids=stops)
-    options = rc.judge.options.to_dict()
-    if rc.judge.backend == "inprocess":   # the policy itself, through the same engine
-      from rised_jax.rollout.text import text_generator  # noqa: PLC0415 - in-process judge only
-      options["generate_text"] = text_generator(engine, tokenizer,
-                                                max_new_tokens=rc.judge.max_new_tokens)
-    self.judge_backend = criteria_lib.make_criteria_judge(rc.judge.backend, **options)
+    self.judge_backend = criteria_lib.make_criteria_judge(
+        rc.judge.backend, **judge_options(rc.judge, engine, tokenizer))
     self.faults: dict[str, float] = {}   # the last roll-out's fault counters
     self.eval_episodes: list[dict[str, Any]] = []   # per-answer records: not kept yet
 
@@ -224,20 +238,18 @@ class RubricPipeline:
     return ids
 
   def _check_engine_limits(self) -> None:
-    """Fails now, not steps into a run, when a bucketed engine (JaxEngine) cannot take a prompt
-    or the answer length."""
-    prompt_buckets = getattr(self.engine, "prompt_buckets", None)
-    if prompt_buckets:
-      longest = int(np.argmax([len(p) for p in self.prompt_ids]))
-      if len(self.prompt_ids[longest]) > max(prompt_buckets):
-        raise ValueError(f"rubric task {self.task_set.tasks[longest].id!r}: its prompt has "
-                         f"{len(self.prompt_ids[longest])} tokens, more than the engine's largest "
-                         f"prompt bucket {max(prompt_buckets)}; raise "
-                         "config.rollout.prompt_buckets")
-    new_token_buckets = getattr(self.engine, "new_token_buckets", None)
-    if new_token_buckets and self.config.rubric.max_new_tokens > max(new_token_buckets):
+    """Fails now, not steps into a run, when the engine (JaxEngine's buckets) cannot take a
+    prompt or the answer length."""
+    limits = self.engine.limits()
+    longest = int(np.argmax([len(p) for p in self.prompt_ids]))
+    if not limits.prompt_fits(len(self.prompt_ids[longest])):
+      raise ValueError(f"rubric task {self.task_set.tasks[longest].id!r}: its prompt has "
+                       f"{len(self.prompt_ids[longest])} tokens, more than the engine's largest "
+                       f"prompt bucket {limits.max_prompt_tokens}; raise "
+                       "config.rollout.prompt_buckets")
+    if not limits.reply_fits(self.config.rubric.max_new_tokens):
       raise ValueError(f"config.rubric.max_new_tokens={self.config.rubric.max_new_tokens} is above "
-                       f"the engine's largest new-token bucket {max(new_token_buckets)}; raise "
+                       f"the engine's largest new-token bucket {limits.max_new_tokens}; raise "
                        "config.rollout.new_token_buckets")
 
   def _answer_text(self, output_ids: Sequence[int]) -> str:
@@ -254,7 +266,7 @@ class RubricPipeline:
     requests = [GenerationRequest(self.prompt_ids[i], self.sampling,
                                   seed=sampling_seed(run_seed, task, rollout, 0))
                 for i, task in zip(indices, tasks) for rollout in range(group_size)]
-    retries = server_retries(self.engine)
+    retries = self.engine.server_retries
     results = generate_or_none(self.engine, requests)
     if len(results) != len(requests):
       raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
@@ -266,7 +278,7 @@ class RubricPipeline:
       groups.append(RubricGroup(task=task, rubric=self.task_set.tasks[i],
                                 trajectories=[self._trajectory(task, self.prompt_ids[i], r)
                                               for r in mine]))
-    self.faults = {"rollout/server_retries": float(server_retries(self.engine) - retries),
+    self.faults = {"rollout/server_retries": float(self.engine.server_retries - retries),
                    "rollout/groups_dropped": float(len(tasks) - len(groups))}
     if not groups:
       raise RuntimeError(f"step {step}: every one of the {len(tasks)} rollout groups was "
@@ -445,5 +457,12 @@ class RubricPipeline:
       metrics.update(cripo.group_diagnostics(uc, sc))
     return metrics
 
+  def log_rollouts(self, log: runlog.RunLog, step: int, pool: Sequence[Group]) -> None:
+    """Every answer of the pool (no tags: verdicts are per criterion, in the metrics)."""
+    log.rollouts(step, pool, None)
+
   def host_state(self) -> Mapping[str, Any]:
     return {"rubric_tasks": self.tasks}
+
+
+PIPELINE = RubricPipeline

@@ -49,7 +49,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import numbers
 from typing import Mapping, Sequence
 
 import jax
@@ -63,6 +62,7 @@ from rised_jax.rollout.base import (Engine, GenerationRequest, GenerationResult,
 from rised_jax.rollout.chat import ChatFormat, join_system_text
 from rised_jax.rollout.env_pool import EnvError, EnvPool
 from rised_jax.types import Group, Task, Trajectory, Turn
+from rised_jax.checks import is_int
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class _Episode:
 
 
 def _positive_int(name: str, value: object) -> int:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+  if not is_int(value) or value < 1:
     raise ValueError(f"AgentLoop: {name} must be a positive integer, got {value!r}")
   return int(value)
 
@@ -161,15 +161,14 @@ class AgentLoop:
   def _check_engine_limits(self, engine: Engine) -> None:
     """Fails now, not turns into a run, when an engine with fixed buckets (JaxEngine) could
     not take the longest prompt (max_total_tokens - 1) or the longest reply."""
-    prompt_buckets = getattr(engine, "prompt_buckets", None)
-    if prompt_buckets and self.max_total_tokens - 1 > max(prompt_buckets):
+    limits = engine.limits()
+    if not limits.prompt_fits(self.max_total_tokens - 1):
       raise ValueError(f"AgentLoop: max_total_tokens={self.max_total_tokens} allows prompts of "
                        f"{self.max_total_tokens - 1} tokens but the engine's largest prompt "
-                       f"bucket is {max(prompt_buckets)}")
-    new_token_buckets = getattr(engine, "new_token_buckets", None)
-    if new_token_buckets and self.max_new_tokens_per_turn > max(new_token_buckets):
+                       f"bucket is {limits.max_prompt_tokens}")
+    if not limits.reply_fits(self.max_new_tokens_per_turn):
       raise ValueError(f"AgentLoop: max_new_tokens_per_turn={self.max_new_tokens_per_turn} is "
-                       f"above the engine's largest new-token bucket {max(new_token_buckets)}")
+                       f"above the engine's largest new-token bucket {limits.max_new_tokens}")
 
   def prompt_ids(self, task: Task, extra_system_text: str = "") -> list[int]:
     """The prompt of the task's episode with `extra_system_text` (a hint, a teacher block)
@@ -194,16 +193,14 @@ class AgentLoop:
     for env_name, hint in hints.items():
       if not isinstance(hint, str):
         raise ValueError(f"AgentLoop.run: hints[{env_name!r}] must be a string, got {hint!r}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    if not is_int(seed):
       raise ValueError(f"AgentLoop.run: seed must be an integer, got {seed!r}")
     self.env_errors = []
     episodes = [episode for task in tasks
                 for episode in self._start(task, group_size, hints.get(task.env, ""))]
     # Rollouts must not depend on what the engine generated before this run (JaxEngine's
     # prefix reuse would otherwise share keys/values computed in other batch shapes).
-    reset = getattr(self.engine, "reset_prefix_cache", None)
-    if reset is not None:
-      reset()
+    self.engine.reset_prefix_cache()
     live = [e for e in episodes if not e.done]   # not those whose group failed to reset
     with tqdm.tqdm(total=len(live), desc=desc, unit="episode", leave=False,
                    disable=jax.process_index() != 0) as bar:

@@ -1,4 +1,10 @@
-"""The engine protocol: what the agent loop asks of a sampler (in-process or SGLang)."""
+"""The engine protocol: everything the rollout stages ask of a sampler (in-process or SGLang).
+
+`Engine` declares all of it (generation, weight sync, the request limits, the prefix cache,
+the retry counter); `EngineDefaults` gives an engine without fixed shapes, prefix cache or
+server (SGLang's client, the tests' fakes) the answers that mean "none", so callers never probe
+an engine for what it has.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -47,13 +53,40 @@ def generate_or_none(engine: Engine, requests: Sequence[GenerationRequest]
     return failure.results
 
 
-def server_retries(engine: Any) -> int:
-  """Retried server requests of an engine since it was built (0 for an in-process one)."""
-  return int(getattr(engine, "server_retries", 0))
+@dataclasses.dataclass(frozen=True)
+class EngineLimits:
+  """The longest prompt and reply one request may have (None: no fixed bound): JaxEngine's
+  largest prompt and new-token buckets; a server takes whatever its context allows."""
+
+  max_prompt_tokens: int | None = None
+  max_new_tokens: int | None = None
+
+  @classmethod
+  def of_buckets(cls, prompt_buckets: Sequence[int],
+                 new_token_buckets: Sequence[int]) -> EngineLimits:
+    return cls(max(prompt_buckets), max(new_token_buckets))
+
+  def prompt_fits(self, tokens: int) -> bool:
+    return self.max_prompt_tokens is None or tokens <= self.max_prompt_tokens
+
+  def reply_fits(self, tokens: int) -> bool:
+    return self.max_new_tokens is None or tokens <= self.max_new_tokens
 
 
 class Engine(Protocol):
   """A batched token-in, token-out sampler."""
+
+  # Retried server requests since the engine was built (0 for an in-process engine).
+  server_retries: int
+
+  def limits(self) -> EngineLimits:
+    """The largest prompt and reply a request may have; checked at build time by each stage
+    that knows its longest prompt and reply, so a run fails before its first step."""
+    ...
+
+  def reset_prefix_cache(self) -> None:
+    """Forgets kept prompt prefixes: what follows must not depend on what came before."""
+    ...
 
   def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
     """One result per request, in order; raises `GenerationFailed` when some failed."""
@@ -62,3 +95,15 @@ class Engine(Protocol):
   def update_weights(self, model: Any, version: int) -> None:
     """Makes later generations use the given model's current parameters."""
     ...
+
+
+class EngineDefaults:
+  """What an engine without bucket limits, prefix cache or server retries answers."""
+
+  server_retries = 0
+
+  def limits(self) -> EngineLimits:
+    return EngineLimits()
+
+  def reset_prefix_cache(self) -> None:
+    pass

@@ -41,6 +41,8 @@ import tenacity
 import urllib3.exceptions
 import urllib3.util.retry
 
+from rised_jax.checks import is_int
+
 T = TypeVar("T")
 
 # How much of an error body goes into an exception message.
@@ -90,7 +92,7 @@ class RetryPolicy:
   max_backoff_s: float = 30.0
 
   def __post_init__(self):
-    if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or \
+    if not is_int(self.max_retries) or \
         self.max_retries < 0:
       raise ValueError(f"RetryPolicy.max_retries must be >= 0 (an integer), got "
                        f"{self.max_retries!r}")

@@ -64,7 +64,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rised_jax.rollout.base import GenerationRequest, GenerationResult, SamplingParams
+from rised_jax.rollout.base import (EngineDefaults, EngineLimits, GenerationRequest,
+                                    GenerationResult, SamplingParams)
+from rised_jax.checks import is_int
 
 DEFAULT_PROMPT_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
 DEFAULT_NEW_TOKEN_BUCKETS = (32, 128, 512)
@@ -230,7 +232,7 @@ class _Chunk:
 
 def _check_buckets(name: str, buckets: Sequence[int]) -> tuple[int, ...]:
   values = tuple(buckets)
-  if not values or any(isinstance(b, bool) or not isinstance(b, numbers.Integral) or b < 1
+  if not values or any(not is_int(b) or b < 1
                        for b in values):
     raise ValueError(f"JaxEngine: {name} must be a non-empty sequence of positive integers, "
                      f"got {buckets!r}")
@@ -241,7 +243,7 @@ def _smallest_fitting(buckets: Sequence[int], size: int) -> int:
   return next(b for b in buckets if b >= size)
 
 
-class JaxEngine:
+class JaxEngine(EngineDefaults):
   """Batched KV-cache sampler over a `rised_jax.model.Decoder` (see the module docstring).
 
   Args:
@@ -269,9 +271,9 @@ class JaxEngine:
       if not hasattr(model, name):
         raise TypeError(f"JaxEngine: model must be a rised_jax.model.Decoder (it has no "
                         f"{name!r}), got {type(model).__name__}")
-    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+    if not is_int(max_batch) or max_batch < 1:
       raise ValueError(f"JaxEngine: max_batch must be a positive integer, got {max_batch!r}")
-    if isinstance(max_stop_tokens, bool) or not isinstance(max_stop_tokens, int) or \
+    if not is_int(max_stop_tokens) or \
         max_stop_tokens < 1:
       raise ValueError(f"JaxEngine: max_stop_tokens must be a positive integer, "
                        f"got {max_stop_tokens!r}")
@@ -333,6 +335,9 @@ class JaxEngine:
     self._state = state
     self.version = int(version)
     self.reset_prefix_cache()   # the kept keys/values belong to the old weights
+
+  def limits(self) -> EngineLimits:
+    return EngineLimits.of_buckets(self.prompt_buckets, self.new_token_buckets)
 
   def reset_prefix_cache(self) -> None:
     """Forgets the kept caches: the next call prefills every prompt whole."""
@@ -403,7 +408,7 @@ class JaxEngine:
     prompt = list(request.prompt_ids)
     if not prompt:
       raise ValueError(f"{where}: prompt_ids is empty; at least one token is needed")
-    bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, numbers.Integral)
+    bad = [t for t in prompt if not is_int(t)
            or not 0 <= t < self.vocab_size]
     if bad:
       raise ValueError(f"{where}: prompt_ids must be integers in [0, {self.vocab_size}), "
@@ -415,7 +420,7 @@ class JaxEngine:
     if not isinstance(params, SamplingParams):
       raise ValueError(f"{where}: params must be a SamplingParams, got {type(params).__name__}")
     new = params.max_new_tokens
-    if isinstance(new, bool) or not isinstance(new, numbers.Integral) or new < 1:
+    if not is_int(new) or new < 1:
       raise ValueError(f"{where}: max_new_tokens must be an integer >= 1, got {new!r}")
     if new > self.new_token_buckets[-1]:
       raise ValueError(f"{where}: max_new_tokens={new} is above the largest new-token bucket "
@@ -426,12 +431,12 @@ class JaxEngine:
                        f"got {params.temperature!r}")
     if not (isinstance(params.top_p, numbers.Real) and 0 < params.top_p <= 1):
       raise ValueError(f"{where}: top_p must be in (0, 1], got {params.top_p!r}")
-    if isinstance(params.top_k, bool) or not isinstance(params.top_k, numbers.Integral) or \
+    if not is_int(params.top_k) or \
         params.top_k < 0:
       raise ValueError(f"{where}: top_k must be an integer >= 0 (0: no truncation), "
                        f"got {params.top_k!r}")
     stops = list(params.stop_token_ids)
-    if any(isinstance(t, bool) or not isinstance(t, numbers.Integral)
+    if any(not is_int(t)
            or not 0 <= t < self.vocab_size for t in stops):
       raise ValueError(f"{where}: stop_token_ids must be integers in [0, {self.vocab_size}), "
                        f"got {stops!r}")
@@ -439,7 +444,7 @@ class JaxEngine:
       raise ValueError(f"{where}: {len(set(stops))} stop tokens, more than max_stop_tokens="
                        f"{self.max_stop_tokens}; raise it when building the JaxEngine")
     seed = request.seed
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or \
+    if not is_int(seed) or \
         not _INT32_RANGE[0] <= seed < _INT32_RANGE[1]:
       raise ValueError(f"{where}: seed must be an integer in the int32 range, got {seed!r}")
 

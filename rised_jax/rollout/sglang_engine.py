@@ -55,7 +55,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
-import numbers
 import os
 import re
 import shutil
@@ -65,7 +64,9 @@ import urllib.parse
 from typing import Any, Mapping, Sequence
 
 from rised_jax.rollout import http_retry
-from rised_jax.rollout.base import GenerationFailed, GenerationRequest, GenerationResult
+from rised_jax.rollout.base import (EngineDefaults, GenerationFailed, GenerationRequest,
+                                    GenerationResult)
+from rised_jax.checks import is_int, is_number
 
 log = logging.getLogger(__name__)
 _VERSION_DIR = re.compile(r"^v(\d+)$")
@@ -105,7 +106,7 @@ def build_generate_payload(request: GenerationRequest) -> dict[str, Any]:
 def _non_token_ids(values: Sequence[Any]) -> list[Any]:
   """The entries that are not non-negative integers (Python or NumPy; bools excluded)."""
   return [v for v in values
-          if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0]
+          if not is_int(v) or v < 0]
 
 
 def validate_request(request: GenerationRequest, index: int = 0) -> None:
@@ -158,7 +159,7 @@ def parse_generate_response(response: Any, where: str = "/generate", *,
     raise SGLangError(f"{where}: expected a JSON object, got {type(response).__name__}")
   output_ids = response.get("output_ids")
   if not isinstance(output_ids, list) or not all(
-      isinstance(t, int) and not isinstance(t, bool) for t in output_ids):
+      is_int(t) for t in output_ids):
     raise SGLangError(
         f"{where}: response has no integer list 'output_ids' (got {output_ids!r:.200}); "
         "the client needs a server that returns output_ids (SGLang >= 0.4 native /generate)")
@@ -189,7 +190,7 @@ def parse_generate_response(response: Any, where: str = "/generate", *,
   logprobs = []
   for position, (entry, token) in enumerate(zip(entries, output_ids)):
     if (not isinstance(entry, (list, tuple)) or len(entry) < 2 or
-        not isinstance(entry[0], (int, float)) or isinstance(entry[0], bool)):
+        not is_number(entry[0], finite=False)):
       raise SGLangError(f"{where}: output_token_logprobs[{position}] is {entry!r}; "
                         "expected [logprob, token_id, text]")
     if entry[1] != token:
@@ -205,7 +206,7 @@ def parse_generate_response(response: Any, where: str = "/generate", *,
                           finish_reason=_finish_reason(meta_info, where))
 
 
-class SGLangEngine:
+class SGLangEngine(EngineDefaults):
   """Token-in, token-out generation on an SGLang server; see the module docstring.
 
   Args:
@@ -392,7 +393,7 @@ class SGLangEngine:
     if self.weight_dir is None or self.tokenizer is None:
       raise SGLangError("SGLangEngine weight export needs weight_dir= and tokenizer= (the "
                         "server reloads weights from a directory it can read)")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+    if not is_int(version) or version < 0:
       raise ValueError(f"weight version must be an integer >= 0, got {version!r}")
     # The model stack (JAX), only when exporting.
     from rised_jax import parallel  # noqa: PLC0415

@@ -1,9 +1,10 @@
 """Text in, text out through any engine: what an in-process LLM judge calls."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from rised_jax.rollout.base import Engine, GenerationRequest, SamplingParams
+from rised_jax.rubrics import registry
 
 
 def text_generator(engine: Engine, tokenizer, *, max_new_tokens: int = 256,
@@ -23,3 +24,16 @@ def text_generator(engine: Engine, tokenizer, *, max_new_tokens: int = 256,
     return [tokenizer.decode(r.output_ids, skip_special_tokens=True)
             for r in engine.generate(requests)]
   return generate
+
+
+def judge_options(judge_config: Any, engine: Engine, tokenizer) -> dict[str, Any]:
+  """The keyword options of the judge `judge_config` names (config.judge or
+  config.rubric.judge): its `options`, plus for the `inprocess` backend the policy itself as
+  `generate_text`, through the same engine, answering at most `judge_config.max_new_tokens`
+  (`registry.supplied_options`: what config validation must not ask for)."""
+  options = judge_config.options.to_dict()
+  if "generate_text" in registry.supplied_options(judge_config.backend):
+    options["generate_text"] = text_generator(engine, tokenizer,
+                                              max_new_tokens=judge_config.max_new_tokens)
+  return options
+

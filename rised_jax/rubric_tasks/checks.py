@@ -32,6 +32,7 @@ import re
 from typing import Any, ClassVar, Mapping
 
 from rised_jax.rubric_tasks import text as text_lib
+from rised_jax.checks import is_int, is_number
 
 
 class RubricFormatError(ValueError):
@@ -76,13 +77,13 @@ def _bool(value: Any, where: str) -> bool:
 def _count(value: Any, where: str) -> int | None:
   if value is None:
     return None
-  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+  if not is_int(value) or value < 0:
     raise _fail(where, f"expected a non-negative integer, got {value!r}")
   return value
 
 
 def _real(value: Any, where: str, non_negative: bool = False) -> float:
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+  if not is_number(value):
     raise _fail(where, f"expected a finite number, got {value!r}")
   if non_negative and value < 0:
     raise _fail(where, f"expected a number >= 0, got {value!r}")

@@ -29,6 +29,7 @@ from rised_jax import json_data, types
 from rised_jax.rubric_tasks import checks as checks_lib
 from rised_jax.rubric_tasks import text as text_lib
 from rised_jax.rubric_tasks.checks import RubricFormatError
+from rised_jax.checks import is_number
 
 BUILTIN_PATH = os.path.join(os.path.dirname(__file__), "data", "science_medicine.jsonl")
 BUILTIN_NAME = "rubric_science_medicine"
@@ -104,7 +105,7 @@ def _parse_criterion(obj: Any, where: str) -> Criterion:
   if unknown:
     raise RubricFormatError(f"{where}: unknown key(s) {unknown}; expected ['check', 'id', 'text', 'weight']")
   weight = obj["weight"]
-  if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight)
+  if (not is_number(weight)
       or weight == 0):
     raise RubricFormatError(f"{where}.weight: expected a finite non-zero number, got {weight!r}")
   return Criterion(id=_string(obj, "id", where), text=_string(obj, "text", where), weight=float(weight),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from rised_jax import plugins
+from rised_jax.checks import named
 from rised_jax.rubrics import registry
 from rised_jax.rubrics.judge import Judge, JudgeError, JudgeStats, LLMJudge, RemoteJudge
 from rised_jax.rubrics.llm_judges import GeminiJudge, InProcessJudge, OpenAICompatibleJudge
@@ -35,3 +36,11 @@ def make_judge(name: str, vocab: Vocabulary, **options: Any) -> Judge:
   """A judge by backend name ("rules", "genai", "openai", "inprocess", an entry point or an
   import path) with its options."""
   return registry.build("judge", JUDGES, name, vocab, **options)
+
+
+def check_config(config: Any) -> None:
+  """config.judge (the agentic pipeline's tag judge): backend, options and vocabulary file."""
+  with named("config.judge"):
+    registry.check("judge", JUDGES, config.judge.backend, config.judge.options.to_dict(),
+                   positional=1, supplied=registry.supplied_options(config.judge.backend))
+  Vocabulary.load(config.judge.vocabulary or "agentic_v1")

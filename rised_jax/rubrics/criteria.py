@@ -48,6 +48,7 @@ from rised_jax.rubrics import judge as judge_lib
 from rised_jax.rubrics import prompt as prompt_lib
 from rised_jax.rubrics import registry
 from rised_jax.rubrics.vocabulary import RubricEntry, Vocabulary
+from rised_jax.checks import is_int
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class CriterionPrompt:
 
   def __init__(self, template_path: str | os.PathLike[str] | None = None,
                max_answer_chars: int = 16000):
-    if isinstance(max_answer_chars, bool) or not isinstance(max_answer_chars, int) or \
+    if not is_int(max_answer_chars) or \
         max_answer_chars < 40:
       raise ValueError(f"criteria judge: max_answer_chars={max_answer_chars!r}; expected an "
                        "integer >= 40")

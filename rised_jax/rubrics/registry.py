@@ -60,3 +60,9 @@ def build(kind: str, registry: Mapping[str, type[T]], name: str, *args: Any,
   """Instantiates `registry[name](*args, **options)`, checking the name and option keys first."""
   check(kind, registry, name, options, positional=len(args))
   return registry[name](*args, **options)
+
+
+def supplied_options(backend: str) -> tuple[str, ...]:
+  """Options of a judge backend that the pipeline supplies itself: the in-process judge's
+  `generate_text` (the policy, through the rollout engine; `rollout.text.judge_options`)."""
+  return ("generate_text",) if backend == "inprocess" else ()

@@ -6,9 +6,11 @@ is a concrete `Selector` subclass whose constructor takes `seed` and its options
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from rised_jax import plugins
+from rised_jax.checks import named
 from rised_jax.rubrics import registry
 from rised_jax.select.base import Selector
 from rised_jax.select.baselines import (CurriculumSelector, DapoSelector, RandomSelector,
@@ -31,3 +33,17 @@ def make_selector(name: str, **options: Any) -> Selector:
   """A selector by name ("rised", "uniform", "random", "dapo", "variance", "env_curriculum",
   "success_rate", an entry point or an import path)."""
   return registry.build("selector", SELECTORS, name, **options)
+
+
+def check_config(config: Any) -> None:
+  """config.select: the selector's name and options, and a batch that fits the pool."""
+  with named("config.select"):
+    registry.check("selector", SELECTORS, config.select.name, config.select.options.to_dict())
+  if config.select.batch_groups > config.select.pool_groups:
+    raise ValueError(f"config.select.batch_groups={config.select.batch_groups} exceeds "
+                     f"config.select.pool_groups={config.select.pool_groups}")
+  if config.select.name == "rised" and config.select.pool_groups == config.select.batch_groups:
+    warnings.warn(f"config.select.name='rised' with pool_groups == batch_groups == "
+                  f"{config.select.batch_groups}: every group is trained on, so profile "
+                  "selection does nothing (its chosen set beats a random subset only from "
+                  "pool_groups >= 4 * batch_groups)", stacklevel=3)

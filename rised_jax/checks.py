@@ -1,0 +1,36 @@
+"""Type predicates and argument checks shared by every module that validates its input.
+
+`bool` is an `int` subclass in Python, so `isinstance(True, int)` holds; a flag given where a
+count is expected must still be an error. These predicates reject bools and accept every
+integer / real type (Python and NumPy scalars alike):
+
+  is_int(v)                          an integer, not a bool
+  is_number(v, finite=True)          a real number, not a bool (finite unless told otherwise)
+  with named("config.judge"): ...    a ValueError inside gets the key it is about in front
+
+Each caller keeps its own error message (what the value is for, and the range it needs).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+from typing import Any, Iterator
+
+
+def is_int(value: Any) -> bool:
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value: Any, finite: bool = True) -> bool:
+  return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and (not finite or math.isfinite(value)))
+
+
+@contextlib.contextmanager
+def named(where: str) -> Iterator[None]:
+  """Prefixes a ValueError raised inside the block with `where` (the config key it is about)."""
+  try:
+    yield
+  except ValueError as e:
+    raise ValueError(f"{where}: {e}") from None
