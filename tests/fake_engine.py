@@ -34,3 +34,16 @@ class FakeEngine(EngineDefaults):
 
   def update_weights(self, model, version: int) -> None:
     del model, version
+
+
+class FixedReplyEngine(FakeEngine):
+  """Every request gets the same reply: `text`'s ids and the EOS, log-prob -0.5 each."""
+
+  def __init__(self, tokenizer, text: str):
+    super().__init__()
+    self.ids = tokenizer.encode(text) + [tokenizer.eos_token_id]
+
+  def reply(self, request: GenerationRequest,
+            call: Sequence[GenerationRequest]) -> GenerationResult:
+    del request, call
+    return GenerationResult(list(self.ids), [-0.5] * len(self.ids), "stop")

@@ -14,6 +14,7 @@ from rised_jax.pipelines.agentic import AgenticPipeline
 from rised_jax.rollout.agent_loop import AgentLoop, EnvironmentFailure
 from rised_jax.rollout.base import GenerationResult, SamplingParams
 from rised_jax.types import Task
+from tests.fake_engine import FixedReplyEngine
 from tests.test_trainer import load_config_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,19 +53,6 @@ class Crashy(FrozenLake):
     self.closed = True
 
 
-class FixedEngine:
-  """Every request gets the same reply (its ids and the EOS)."""
-
-  def __init__(self, tokenizer, reply: str):
-    self.ids = tokenizer.encode(reply) + [tokenizer.eos_token_id]
-
-  def generate(self, requests):
-    return [GenerationResult(list(self.ids), [-0.5] * len(self.ids), "stop") for _ in requests]
-
-  def update_weights(self, model, version):
-    del model, version
-
-
 @pytest.fixture
 def crashy(monkeypatch):
   monkeypatch.setitem(envs._REGISTRY, "crashy", Crashy)
@@ -83,7 +71,7 @@ def tokenizer():
 
 
 def _loop(tokenizer, reply):
-  return AgentLoop(FixedEngine(tokenizer, reply), tokenizer, max_new_tokens_per_turn=8,
+  return AgentLoop(FixedReplyEngine(tokenizer, reply), tokenizer, max_new_tokens_per_turn=8,
                    max_total_tokens=768, sampling=SamplingParams(max_new_tokens=8))
 
 
@@ -114,7 +102,7 @@ def test_pipeline_trains_only_on_groups_without_errors_and_logs_the_count(crashy
   config.envs.difficulty = {"crashy": dict(KNOBS, crash_step=1)}
   config.select.pool_groups = 6
   config.select.batch_groups = 6
-  pipeline = AgenticPipeline(config, FixedEngine(tokenizer, "<answer>right</answer>"), tokenizer)
+  pipeline = AgenticPipeline(config, FixedReplyEngine(tokenizer, "<answer>right</answer>"), tokenizer)
   tasks = pipeline.tasks.next(6)
   pipeline.tasks.cursor, pipeline.tasks.next_index = 0, {"crashy": 0}
   pool = pipeline.roll_out(0)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rised_jax import config as config_lib, parallel, trainer
+from rised_jax import config as config_lib, parallel, pipelines, trainer
 from rised_jax.learn import batching, train_step
 from rised_jax.model import ModelConfig, from_config, tiny
 from tests import step_fixtures
@@ -131,7 +131,7 @@ def test_the_old_dtype_key_is_refused_naming_the_new_ones():
   config.model.dtype = "bfloat16"
   with pytest.raises(ValueError, match=r"config\.model\.dtype='bfloat16': this key was replaced "
                      r"by config\.model\.compute_dtype .* config\.model\.param_dtype"):
-    config_lib.validate(config)
+    pipelines.validate(config)
 
 
 @pytest.mark.parametrize("name", ["rised_qwen3_multienv.py", "cripo_qwen3_1p7b.py",

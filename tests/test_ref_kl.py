@@ -14,7 +14,7 @@ import pytest
 from etils import epath
 from flax import nnx
 
-from rised_jax import config as config_lib, parallel, runlog, trainer
+from rised_jax import config as config_lib, parallel, pipelines, runlog, trainer
 from rised_jax.learn import train_step
 from rised_jax.model import ModelConfig, from_config, tiny
 from tests import step_fixtures
@@ -139,7 +139,7 @@ def test_bf16_reference_is_the_initial_policy_exactly():
 
 def test_validation_accepts_reference_kl():
   config = _config("grpo", "runs/tiny_model", **{"step.ref_kl_coef": 0.1})
-  config_lib.validate(config)
+  pipelines.validate(config)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from rised_jax.rollout import http_retry
 from rised_jax.rollout.agent_loop import AgentLoop, EnvironmentFailure
 from rised_jax.rollout.base import GenerationResult, SamplingParams
 from rised_jax.types import Task
+from tests.fake_engine import FixedReplyEngine
 
 LIFETIME_S = 120.0   # the server shuts itself down after this, whatever the test does
 
@@ -194,14 +195,6 @@ def test_idempotent_calls_are_retried_a_step_only_when_refused():
       env.step("<answer>inc</answer>")
 
 
-class FixedEngine:
-  def __init__(self, tokenizer, reply):
-    self.ids = tokenizer.encode(reply) + [tokenizer.eos_token_id]
-
-  def generate(self, requests):
-    return [GenerationResult(list(self.ids), [-0.5] * len(self.ids), "stop") for _ in requests]
-
-
 @pytest.fixture
 def aliases(monkeypatch):
   registry = dict(envs._REGISTRY)
@@ -217,7 +210,7 @@ def aliases(monkeypatch):
 def test_a_dead_server_errors_its_episodes_and_the_run_goes_on(aliases):
   tokenizer = tiny.build_tokenizer(["inc", "dec", "Counter", "target", "<", ">", "/", "answer",
                                     ",", ".", *"0123456789", "You", "are", "an", "agent"])
-  loop = AgentLoop(FixedEngine(tokenizer, "<answer>inc</answer>"), tokenizer,
+  loop = AgentLoop(FixedReplyEngine(tokenizer, "<answer>inc</answer>"), tokenizer,
                    max_new_tokens_per_turn=8, max_total_tokens=512,
                    sampling=SamplingParams(max_new_tokens=8))
   with CounterServer() as doomed:

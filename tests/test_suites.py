@@ -30,6 +30,7 @@ from rised_jax.envs import text_suite
 from rised_jax.rubrics.rule_judge import RuleBasedJudge
 from rised_jax.rubrics.vocabulary import Vocabulary
 from rised_jax.types import Event, Task
+from tests.fake_engine import FakeEngine
 
 import model_utils as mu
 
@@ -79,18 +80,17 @@ def tok():
   return mu.tiny_tokenizer()
 
 
-class PlanEngine:
+class PlanEngine(FakeEngine):
   """Replies, per (task, rollout, turn) sampling seed, the scripted action texts."""
 
   def __init__(self, tokenizer, replies):
+    super().__init__()
     self.tokenizer, self.replies = tokenizer, replies
 
-  def generate(self, requests):
-    results = []
-    for request in requests:
-      ids = self.tokenizer.encode(self.replies[request.seed]) + [self.tokenizer.eos_token_id]
-      results.append(GenerationResult(ids, [-0.1] * len(ids), "stop"))
-    return results
+  def reply(self, request, call):
+    del call
+    ids = self.tokenizer.encode(self.replies[request.seed]) + [self.tokenizer.eos_token_id]
+    return GenerationResult(ids, [-0.1] * len(ids), "stop")
 
 
 def play_oracle_groups(tok, task: Task):
@@ -198,11 +198,11 @@ def test_a_missing_suite_names_its_extra(monkeypatch):
   with pytest.raises(SuiteNotInstalled, match=r"pip install -e \.\[babyai\]`.*make envs"):
     envs.make("babyai")
   assert "babyai" in envs.suite_names() and "babyai" not in envs.names()
-  from rised_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from rised_jax import config as config_lib, pipelines  # pylint: disable=import-outside-toplevel
   config = config_lib.default_config()
   config.envs.names = ["maze", "babyai"]   # no difficulty knobs: validation still imports it
   with pytest.raises(SuiteNotInstalled, match=r"\[babyai\]"):
-    config_lib.validate(config)
+    pipelines.validate(config)
 
 
 def test_importing_rised_jax_needs_no_suite():
