@@ -37,12 +37,13 @@ class GenerationFailed(RuntimeError):
     self.results = list(results)
 
 
-def generate_or_none(engine: Engine, requests: Sequence[GenerationRequest]
+def generate_or_none(engine: Engine, requests: Sequence[GenerationRequest], **options: Any
                      ) -> list[GenerationResult | None]:
-  """`engine.generate(requests)`, with None in place of each request that failed: for callers
-  that drop what a failed request spoils (a rollout group) and go on with the rest."""
+  """`engine.generate(requests, **options)`, with None in place of each request that failed:
+  for callers that drop what a failed request spoils (a rollout group) and go on with the
+  rest. `options` are engine-specific (JaxEngine's shared_prefill, stop_check)."""
   try:
-    return engine.generate(requests)
+    return engine.generate(requests, **options)
   except GenerationFailed as failure:
     return failure.results
 
