@@ -322,6 +322,7 @@ def bench_rollout_stage(args: argparse.Namespace) -> dict[str, Any]:
   for mode, (target, chunk) in modes.items():
     engine.decode_chunk = chunk
     loop = agentic.agent_loop(config, target, tokenizer, rc.temperature)
+    engine.totals = dict.fromkeys(("row_steps", "shared_tokens", "reused_tokens", "calls"), 0)
     start = time.perf_counter()
     loop.run(tasks, rc.group_size, seed=3)                      # compiles what it needs
     compile_s = time.perf_counter() - start

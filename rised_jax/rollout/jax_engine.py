@@ -48,7 +48,7 @@ every run, so a run's rollouts do not depend on what the engine generated before
 
 Shared-prompt prefill (`generate(..., shared_prefill=True)`): rows of a chunk whose whole
 prompts are equal (a rollout group's first turn) are prefilled once, as a batch of the
-distinct prompts padded to a batch bucket, and the cache rows and last logits copied to every
+distinct prompts padded to a power of two, and the cache rows and last logits copied to every
 row that shares them; each row then draws with its own key. Compiles per (batch, prompt,
 new-token, distinct) bucket.
 
@@ -638,7 +638,7 @@ class JaxEngine:
 
   def _distinct_prompts(self, chunk: _Chunk):
     """(ids [U', P], mask [U', P], source [B]) where the chunk's rows have U distinct prompts
-    (U' its batch bucket) and row b is prefilled as distinct row source[b]; None when that
+    (U' the power of two >= U) and row b is prefilled as distinct row source[b]; None when that
     would not make the prefill batch smaller."""
     index_of: dict[bytes, int] = {}   # prompt -> its distinct row
     rows: list[int] = []              # the first chunk row of each distinct prompt
@@ -649,7 +649,9 @@ class JaxEngine:
         index_of[key] = len(rows)
         rows.append(b)
       source[b] = index_of[key]
-    padded = _smallest_fitting(self.batch_buckets, len(rows))
+    # A power of two, not a batch bucket: a job with coarse buckets (16, 32) still prefills
+    # its 4 distinct prompts as 4 rows (one compilation per power of two).
+    padded = 1 << (len(rows) - 1).bit_length()
     if padded >= chunk.bucket.batch:
       return None
     self.last_shared_tokens += sum(len(chunk.prompts[b]) for b in range(chunk.size)
