@@ -17,7 +17,27 @@ random ones otherwise, and a tiny random config) and one batch of random prompts
            the achieved read bandwidth; it is reported against the bandwidth measured here
            by a jitted reduction over a large array.
 
-Both decoders' greedy tokens are compared (they must agree). Prints a table and writes JSON.
+Both decoders' greedy tokens are compared (they must agree).
+
+Prefix reuse and shared prefill (the same engine, each against its own baseline and against
+cache-free decoding of the same work):
+
+  reuse    turn 2 of a multi-turn rollout: every row's prompt is its turn-1 prompt + the
+           turn-1 reply (--new-tokens) + --window new tokens. `reuse` prefills only the
+           window (keys/values of the rest are copied from turn 1's cache), `fresh` the whole
+           transcript; both then decode --new-tokens tokens; `naive` decodes it cache-free.
+  shared   --groups prompts x --group-size rows (a rollout group's first turn): `shared`
+           prefills each prompt once and copies its cache rows, `separate` prefills every
+           row; timed for the prefill alone (1 new token) and for the whole call.
+  bound    each case's bytes (weights + the KV cache it writes, per prefill or decode step)
+           over its time, against the bandwidth of a large array copy measured here.
+
+The rollout stage (--rollout): the main job's rollouts alone (experiments/configs/
+smollm2_cpu.py: its engine, buckets, agent loop, 4 environments, G rollouts of one task
+each), timed for `before` (no shared prefill, one decode call per turn), `shared` (shared
+first-prompt prefill) and `shared+exit` (plus decode chunks of --decode-chunk steps, ending
+replies that hold the stop string and compacting finished rows); the rollouts must be the
+same token for token. Prints tables and writes JSON.
 """
 from __future__ import annotations
 
@@ -25,10 +45,13 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
 import jax.numpy as jnp
@@ -68,6 +91,14 @@ def measure_bandwidth(mib: int, repeats: int) -> float:
   reduce = jax.jit(jnp.sum)
   reduce(x).block_until_ready()
   return x.nbytes / best_time(lambda: reduce(x), repeats)
+
+
+def measure_copy_bandwidth(mib: int, repeats: int) -> float:
+  """Bytes/s moved (read + write) by a jitted copy of a `mib` MiB float32 array."""
+  x = jnp.ones((mib * 2**20 // 4,), jnp.float32)
+  copy = jax.jit(lambda a: a + 1.0)   # one read and one write per element
+  copy(x).block_until_ready()
+  return 2 * x.nbytes / best_time(lambda: copy(x), repeats)
 
 
 def naive_greedy(model: Decoder, prompts: np.ndarray, new_tokens: int) -> Callable[[], jax.Array]:
@@ -150,6 +181,180 @@ def bench_model(name: str, model: Decoder, args: argparse.Namespace,
   }
 
 
+def time_after(setup: Callable[[], Any], fn: Callable[[], Any], repeats: int) -> float:
+  """The fastest of `repeats` timed `fn` calls, each after an untimed `setup` call."""
+  times = []
+  for _ in range(repeats):
+    setup()
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+
+def bench_reuse_and_sharing(name: str, model: Decoder, args: argparse.Namespace,
+                            bandwidth: float) -> dict[str, Any]:
+  """Prefix reuse on a second turn and shared prefill of groups (see the module docstring)."""
+  cfg = model.cfg
+  rng = np.random.default_rng(1)
+  n, batch = args.new_tokens, args.batch
+  turn1 = rng.integers(3, cfg.vocab_size, size=(batch, args.prompt_len)).astype(np.int32)
+  second_len = args.prompt_len + n + args.window
+  # The turn-2 prompt bucket must hold the kept prefix (all but the reply's last token) before
+  # the reuse engine's window bucket (a power of two >= 16); both engines use it.
+  window_bucket = max(16, 1 << args.window.bit_length())
+  second_bucket = max(second_len, args.prompt_len + n - 1 + window_bucket)
+  buckets = dict(max_batch=max(batch, args.groups * args.group_size),
+                 prompt_buckets=(args.prompt_len, second_bucket), max_new_tokens_buckets=(n,))
+  fresh = JaxEngine(model, **buckets)
+  reuse = JaxEngine(model, reuse_prefix=True, **buckets)
+
+  def call(engine, prompts, new_tokens):
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0)
+    return lambda: engine.generate([GenerationRequest(p.tolist(), params) for p in prompts])
+
+  first = call(reuse, turn1, n)
+  replies = np.array([r.output_ids for r in first()], np.int32)        # n tokens each
+  turn2 = np.concatenate([turn1, replies, rng.integers(3, cfg.vocab_size, (batch, args.window))],
+                         axis=1).astype(np.int32)
+  fresh_ids = [r.output_ids for r in call(fresh, turn2, n)()]          # compiles
+  reuse_ids = [r.output_ids for r in call(reuse, turn2, n)()]
+  assert reuse.last_reused_tokens == batch * (second_len - args.window - 1), \
+      reuse.last_reused_tokens
+  naive = naive_greedy(model, turn2, n)
+  naive_ids = np.asarray(naive()).tolist()
+  reuse_s = time_after(first, call(reuse, turn2, n), args.repeats)
+  reuse_prefill_s = time_after(first, call(reuse, turn2, 1), args.repeats)
+  fresh_s = best_time(call(fresh, turn2, n), args.repeats)
+  fresh_prefill_s = best_time(call(fresh, turn2, 1), args.repeats)
+  naive_s = best_time(naive, args.naive_repeats)
+
+  groups = np.repeat(rng.integers(3, cfg.vocab_size, (args.groups, args.prompt_len)),
+                     args.group_size, axis=0).astype(np.int32)
+
+  def grouped(new_tokens, shared):
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
+    requests = [GenerationRequest(p.tolist(), params, seed=i) for i, p in enumerate(groups)]
+    return lambda: fresh.generate(requests, shared_prefill=shared)
+
+  same_draws = ([r.output_ids for r in grouped(n, True)()] ==
+                [r.output_ids for r in grouped(n, False)()])
+  shared_prefill_s = best_time(grouped(1, True), args.repeats)
+  separate_prefill_s = best_time(grouped(1, False), args.repeats)
+  shared_s = best_time(grouped(n, True), args.repeats)
+  separate_s = best_time(grouped(n, False), args.repeats)
+
+  weights = param_bytes(model)
+  itemsize = np.dtype(model.dtype).itemsize
+  window_kv = kv_cache_bytes(cfg, batch, args.window + 1, itemsize)
+  transcript_kv = kv_cache_bytes(cfg, batch, second_len, itemsize)
+  group_kv = kv_cache_bytes(cfg, len(groups), args.prompt_len, itemsize)
+  distinct_kv = kv_cache_bytes(cfg, args.groups, args.prompt_len, itemsize)
+  return {
+      "model": name, "batch": batch, "turn2_prompt_len": second_len, "window": args.window,
+      "new_tokens": n, "groups": args.groups, "group_size": args.group_size,
+      "reuse_tokens_agree": reuse_ids == fresh_ids == naive_ids,
+      "reuse_total_s": reuse_s, "fresh_total_s": fresh_s, "naive_total_s": naive_s,
+      "reuse_prefill_s": reuse_prefill_s, "fresh_prefill_s": fresh_prefill_s,
+      "speedup_reuse_vs_fresh": fresh_s / reuse_s,
+      "speedup_reuse_vs_fresh_prefill": fresh_prefill_s / reuse_prefill_s,
+      "speedup_reuse_vs_naive": naive_s / reuse_s,
+      "reuse_prefill_bytes_per_s": (weights + window_kv) / reuse_prefill_s,
+      "fresh_prefill_bytes_per_s": (weights + transcript_kv) / fresh_prefill_s,
+      "shared_draws_agree": same_draws,
+      "shared_prefill_s": shared_prefill_s, "separate_prefill_s": separate_prefill_s,
+      "shared_total_s": shared_s, "separate_total_s": separate_s,
+      "speedup_shared_vs_separate_prefill": separate_prefill_s / shared_prefill_s,
+      "speedup_shared_vs_separate_total": separate_s / shared_s,
+      "shared_prefill_bytes_per_s": (weights + distinct_kv) / shared_prefill_s,
+      "separate_prefill_bytes_per_s": (weights + group_kv) / separate_prefill_s,
+      "bandwidth_bytes_per_s": bandwidth,
+  }
+
+
+class _CountingEngine(JaxEngine):
+  """A JaxEngine that sums its per-call work counters over a rollout run."""
+
+  def generate(self, requests, **options):
+    results = super().generate(requests, **options)
+    for key in ("row_steps", "shared_tokens", "reused_tokens"):
+      self.totals[key] += getattr(self, f"last_{key}")
+    self.totals["calls"] += 1
+    return results
+
+
+class _Plain:
+  """The engine declining the savings the agent loop offers (`before`)."""
+
+  def __init__(self, engine: JaxEngine):
+    self.engine = engine
+
+  def generate(self, requests, **savings):
+    del savings   # declined
+    return self.engine.generate(requests)
+
+  def reset_prefix_cache(self):
+    self.engine.reset_prefix_cache()
+
+
+def bench_rollout_stage(args: argparse.Namespace) -> dict[str, Any]:
+  """The main job's rollout stage alone, before / shared / shared+exit (module docstring)."""
+  import importlib.util  # noqa: PLC0415
+  from rised_jax.pipelines import agentic  # noqa: PLC0415
+  from rised_jax.types import Task  # noqa: PLC0415
+
+  path = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "smollm2_cpu.py"
+  spec = importlib.util.spec_from_file_location("smollm2_cpu", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  model, tokenizer = from_pretrained(config.model.source, "float32")
+  rc = config.rollout
+  engine = _CountingEngine(model, max_batch=rc.max_batch, pad_id=tokenizer.pad_token_id,
+                           batch_buckets=tuple(rc.batch_buckets) or None,
+                           prompt_buckets=tuple(rc.prompt_buckets),
+                           max_new_tokens_buckets=tuple(rc.new_token_buckets),
+                           reuse_prefix=rc.reuse_prefix)
+  tasks = [Task(env, seed=7 + i, difficulty=dict(config.envs.difficulty[env]))
+           for i, env in enumerate(config.envs.names)]
+  modes = {"before": (_Plain(engine), None), "shared": (engine, None),
+           "shared+exit": (engine, args.decode_chunk)}
+  rows, rollouts = [], {}
+  for mode, (target, chunk) in modes.items():
+    engine.decode_chunk = chunk
+    loop = agentic.agent_loop(config, target, tokenizer, rc.temperature)
+    engine.totals = dict.fromkeys(("row_steps", "shared_tokens", "reused_tokens", "calls"), 0)
+    start = time.perf_counter()
+    loop.run(tasks, rc.group_size, seed=3)                      # compiles what it needs
+    compile_s = time.perf_counter() - start
+    walls, cpus = [], []
+    for _ in range(args.rollout_repeats):
+      engine.totals = dict.fromkeys(("row_steps", "shared_tokens", "reused_tokens", "calls"), 0)
+      wall, cpu = time.perf_counter(), time.process_time()
+      groups = loop.run(tasks, rc.group_size, seed=3)
+      walls.append(time.perf_counter() - wall)
+      cpus.append(time.process_time() - cpu)
+    trajectories = [t for g in groups for t in g.trajectories]
+    rollouts[mode] = [t.token_ids for t in trajectories]
+    rows.append({"mode": mode, "decode_chunk": chunk, "first_run_s": compile_s,
+                 "wall_s": min(walls), "cpu_s": min(cpus), "walls_s": walls, "cpus_s": cpus,
+                 "rollouts": len(trajectories),
+                 "agent_tokens": sum(int(t.num_agent_tokens) for t in trajectories),
+                 "turns": sum(len(t.turns) for t in trajectories),
+                 "decode_row_steps": engine.totals["row_steps"],
+                 "shared_prompt_tokens": engine.totals["shared_tokens"],
+                 "reused_prompt_tokens": engine.totals["reused_tokens"],
+                 "engine_calls": engine.totals["calls"],
+                 "load_average_after": list(os.getloadavg())})
+  base = rows[0]
+  for row in rows:
+    row["same_rollouts_as_before"] = rollouts[row["mode"]] == rollouts["before"]
+    row["speedup_wall_vs_before"] = base["wall_s"] / row["wall_s"]
+    row["speedup_cpu_vs_before"] = base["cpu_s"] / row["cpu_s"]
+  return {"config": "experiments/configs/smollm2_cpu.py", "tasks": [t.key for t in tasks],
+          "group_size": rc.group_size, "modes": rows}
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", default="sampler_benchmark.json", help="JSON result file")
@@ -161,8 +366,20 @@ def main() -> None:
   parser.add_argument("--bandwidth-mib", type=int, default=512)
   parser.add_argument("--weights", choices=["packaged", "random"], default="packaged",
                       help="SmolLM2 weights: the packaged GGUF or random ones")
+  parser.add_argument("--window", type=int, default=16,
+                      help="tokens a second turn adds after the first turn's reply")
+  parser.add_argument("--groups", type=int, default=2, help="distinct prompts (shared prefill)")
+  parser.add_argument("--group-size", type=int, default=4, help="rows per prompt (G)")
+  parser.add_argument("--rollout", action="store_true",
+                      help="also time the main job's rollout stage (SmolLM2, packaged weights)")
+  parser.add_argument("--rollout-repeats", type=int, default=1)
+  parser.add_argument("--decode-chunk", type=int, default=4,
+                      help="decode steps per call in the rollout stage's shared+exit mode")
+  parser.add_argument("--skip-smollm2", action="store_true",
+                      help="the micro-benchmarks on the tiny model only")
   args = parser.parse_args()
-  for key in ("batch", "prompt_len", "repeats", "naive_repeats", "bandwidth_mib"):
+  for key in ("batch", "prompt_len", "repeats", "naive_repeats", "bandwidth_mib", "window",
+              "groups", "group_size", "rollout_repeats", "decode_chunk"):
     if getattr(args, key) < 1:
       parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
   if args.new_tokens < 2:
@@ -170,13 +387,17 @@ def main() -> None:
                  f"got {args.new_tokens}")
 
   bandwidth = measure_bandwidth(args.bandwidth_mib, repeats=5)
-  if args.weights == "packaged":
-    smollm2, _ = from_pretrained(SMOLLM2, "float32")
-  else:
-    smollm2 = from_config(SMOLLM2_CONFIG, seed=0)
-  rows = [bench_model(f"SmolLM2-135M ({args.weights} weights)", smollm2, args, bandwidth),
-          bench_model("tiny random (2 layers, d=64, V=512)", from_config(TINY_CONFIG, 0), args,
-                      bandwidth)]
+  copy_bandwidth = measure_copy_bandwidth(args.bandwidth_mib, repeats=5)
+  models = [("tiny random (2 layers, d=64, V=512)", from_config(TINY_CONFIG, 0))]
+  if not args.skip_smollm2:
+    if args.weights == "packaged":
+      smollm2, _ = from_pretrained(SMOLLM2, "float32")
+    else:
+      smollm2 = from_config(SMOLLM2_CONFIG, seed=0)
+    models.insert(0, (f"SmolLM2-135M ({args.weights} weights)", smollm2))
+  rows = [bench_model(name, model, args, bandwidth) for name, model in models]
+  reuse_rows = [bench_reuse_and_sharing(name, model, args, copy_bandwidth)
+                for name, model in models]
 
   print(f"device: {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs; measured read "
         f"bandwidth {bandwidth / 1e9:.2f} GB/s")
@@ -189,9 +410,37 @@ def main() -> None:
           f"{row['cached_decode_step_s'] * 1e3:8.2f} {row['bytes_per_decode_step'] / 1e6:8.1f} "
           f"{row['achieved_bytes_per_s'] / 1e9:6.2f} "
           f"{row['fraction_of_measured_bandwidth']:6.1%} {str(row['greedy_tokens_agree']):>6s}")
+  print(f"\nprefix reuse (turn 2) and shared prefill (groups); copy bandwidth "
+        f"{copy_bandwidth / 1e9:.2f} GB/s")
+  print(f"{'model':40s} {'reuse s':>8s} {'fresh s':>8s} {'naive s':>8s} {'x fresh':>8s} "
+        f"{'x naive':>8s} {'shared pf':>9s} {'separ pf':>9s} {'x pf':>6s} {'x total':>7s} "
+        f"{'pf GB/s sh/sep':>15s} {'agree':>6s}")
+  for row in reuse_rows:
+    print(f"{row['model']:40s} {row['reuse_total_s']:8.3f} {row['fresh_total_s']:8.3f} "
+          f"{row['naive_total_s']:8.3f} {row['speedup_reuse_vs_fresh']:7.2f}x "
+          f"{row['speedup_reuse_vs_naive']:7.2f}x {row['shared_prefill_s']:9.3f} "
+          f"{row['separate_prefill_s']:9.3f} {row['speedup_shared_vs_separate_prefill']:5.2f}x "
+          f"{row['speedup_shared_vs_separate_total']:6.2f}x "
+          f"{row['shared_prefill_bytes_per_s'] / 1e9:7.2f}/"
+          f"{row['separate_prefill_bytes_per_s'] / 1e9:<7.2f} "
+          f"{str(row['reuse_tokens_agree'] and row['shared_draws_agree']):>6s}")
+  stage = bench_rollout_stage(args) if args.rollout else None
+  if stage:
+    print(f"\nrollout stage of {stage['config']} ({len(stage['tasks'])} tasks x G="
+          f"{stage['group_size']})")
+    print(f"{'mode':12s} {'wall s':>7s} {'cpu s':>7s} {'x wall':>7s} {'x cpu':>6s} "
+          f"{'row-steps':>9s} {'shared tok':>10s} {'agent tok':>9s} {'same':>5s}")
+    for row in stage["modes"]:
+      print(f"{row['mode']:12s} {row['wall_s']:7.2f} {row['cpu_s']:7.2f} "
+            f"{row['speedup_wall_vs_before']:6.2f}x {row['speedup_cpu_vs_before']:5.2f}x "
+            f"{row['decode_row_steps']:9d} {row['shared_prompt_tokens']:10d} "
+            f"{row['agent_tokens']:9d} {str(row['same_rollouts_as_before']):>5s}")
   result = {"device": jax.devices()[0].device_kind, "cpus": os.cpu_count(),
             "platform": platform.platform(), "jax": jax.__version__,
-            "measured_bandwidth_bytes_per_s": bandwidth, "args": vars(args), "models": rows}
+            "load_average_at_end": list(os.getloadavg()),
+            "measured_bandwidth_bytes_per_s": bandwidth,
+            "measured_copy_bandwidth_bytes_per_s": copy_bandwidth, "args": vars(args),
+            "models": rows, "reuse_and_sharing": reuse_rows, "rollout_stage": stage}
   with open(args.out, "w") as f:
     json.dump(result, f, indent=2)
   print(f"wrote {args.out}")

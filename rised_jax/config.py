@@ -105,6 +105,9 @@ def default_config() -> ml_collections.ConfigDict:
   # JaxEngine keeps each call's KV caches (memory: one more set of caches between calls) so the
   # next turn prefills only what the environment added.
   c.rollout.reuse_prefix = False
+  # JaxEngine decode steps per call (0: one call per turn). Between calls replies holding a
+  # stop string end and finished rows leave the batch when the rest fit a smaller bucket.
+  c.rollout.decode_chunk = 0
   c.rollout.prompt_buckets = [256, 512, 1024, 2048, 4096]
   c.rollout.new_token_buckets = [32, 128, 512]
 
@@ -442,6 +445,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rollout.max_new_tokens_per_turn": _int_at_least(1),
     "rollout.max_total_tokens": _int_at_least(1),
     "rollout.max_batch": _int_at_least(1),
+    "rollout.decode_chunk": (_int_at_least(0)[0], "an integer >= 0 (0: one decode call per turn)"),
     "rollout.batch_buckets": _sizes(0),
     "rollout.prompt_buckets": _sizes(1),
     "rollout.new_token_buckets": _sizes(1),

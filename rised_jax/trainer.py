@@ -120,7 +120,8 @@ def _engine(config: ml_collections.ConfigDict, model, tokenizer):
                      batch_buckets=tuple(config.rollout.batch_buckets) or None,
                      prompt_buckets=tuple(config.rollout.prompt_buckets),
                      max_new_tokens_buckets=tuple(config.rollout.new_token_buckets),
-                     reuse_prefix=config.rollout.reuse_prefix)
+                     reuse_prefix=config.rollout.reuse_prefix,
+                     decode_chunk=config.rollout.decode_chunk or None)
   from rised_jax.rollout.sglang_engine import SGLangEngine  # noqa: PLC0415
   return SGLangEngine(config.rollout.sglang_url, tokenizer=tokenizer,
                       weight_dir=_weight_dir(config),

@@ -24,7 +24,9 @@ class FakeEngine(EngineDefaults):
             call: Sequence[GenerationRequest]) -> GenerationResult:
     raise NotImplementedError
 
-  def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+  def generate(self, requests: Sequence[GenerationRequest], *, shared_prefill: bool = False,
+               stop_check=None) -> list[GenerationResult]:
+    del shared_prefill, stop_check   # savings that change no token
     self.calls.append(list(requests))
     self.requests.extend(requests)
     return [self.reply(request, requests[:k]) for k, request in enumerate(requests)]

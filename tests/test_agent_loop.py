@@ -441,7 +441,10 @@ def test_jax_engine_multi_environment_run(tokenizer):
   assert [[t.token_ids for t in g.trajectories] for g in again] == \
       [[t.token_ids for t in g.trajectories] for g in groups]
   assert all(g.trajectories[0].token_ids != g.trajectories[1].token_ids for g in groups)
-  assert set(engine.compile_counts.values()) == {1} and len(engine.compile_counts) == 2
+  # Prefill, decode, and the first turn's shared-prompt prefill (3 distinct prompts of the 6
+  # rows go through the model as a batch of 4).
+  assert set(engine.compile_counts.values()) == {1} and len(engine.compile_counts) == 3
+  assert sum(b.distinct == 4 for _, b in engine.compile_counts) == 1
 
 
 def test_prefix_reuse_gives_the_same_rollouts(tokenizer):

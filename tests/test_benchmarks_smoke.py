@@ -251,3 +251,56 @@ def test_vs_tunix_ratio_follows_from_reported_times(tmp_path):
   per_layer = d * 4 * 32 * 2 + d * 2 * 32 * 2 + 3 * d * f + 2 * d + 2 * 32
   assert round_["tunix"]["n_params"] == vocab * d + 2 * per_layer + d
   assert math.isfinite(round_["ours"]["final_loss"])
+
+
+# ----------------------------------------------------------------------------- e2e.py
+
+E2E_PROMPTS, E2E_G, E2E_C = 1, 2, 8
+
+
+@pytest.fixture(scope="module")
+def e2e_run(tmp_path_factory):
+  """One timed iteration of each part (warm-up 0: it compiles too; no time is asserted)."""
+  import model_utils as mu  # noqa: PLC0415 - tests/ is on the path under pytest
+  from benchmarks import e2e  # noqa: PLC0415
+  out = tmp_path_factory.mktemp("bench") / "e2e.json"
+  argv = ["--prompts", str(E2E_PROMPTS), "--group-size", str(E2E_G), "--prompt-len", "8",
+          "--completion-len", str(E2E_C), "--warmup", "0", "--iters", "1",
+          "--envs", "frozenlake", "--pool-groups", "2", "--batch-groups", "1",
+          "--driver", str(vs_tunix.DEFAULT_DRIVER if vs_tunix.DEFAULT_DRIVER.exists()
+                          else common.REPO_ROOT.parents[1] / "shared" / "peers" /
+                          "tunix_grpo_bench.py"),
+          "--out", str(out)]
+  if not vs_tunix.venv_python(vs_tunix.DEFAULT_VENV).exists():
+    argv.append("--skip-tunix")
+  returned = e2e.main(argv, tokenizer=mu.tiny_tokenizer())
+  return returned, json.loads(out.read_text())
+
+
+def test_e2e_json_rates_and_shares_follow_from_its_times(e2e_run):
+  returned, written = e2e_run
+  assert written["ours_common"] == json.loads(json.dumps(returned["ours_common"]))
+  for name in ("tunix", "ours_common", "ours_agentic"):
+    if name not in written:
+      continue
+    part = written[name]
+    assert _close(part["trained_tokens_per_s"],
+                  part["trained_tokens_per_iteration"] / part["iteration_s"])
+    assert _close(sum(part["stage_share"].values()), 1.0)
+    assert _close(part["iteration_s"], sum(part["stage_s"].values()))   # one iteration
+  # Single-turn work without a stop token: every completion has exactly C trained tokens.
+  assert written["ours_common"]["trained_tokens_per_iteration"] == E2E_PROMPTS * E2E_G * E2E_C
+  assert set(written["ours_agentic"]["stage_s"]) == {
+      "rollout", "judge", "advantages", "select", "teacher", "batch", "step", "sync"}
+  assert written["ours_agentic"]["trained_tokens_per_iteration"] > 0
+
+
+def test_e2e_ratio_follows_from_reported_rates(e2e_run):
+  _, written = e2e_run
+  if "tunix" not in written:
+    pytest.skip(f"{vs_tunix.DEFAULT_VENV} is missing (benchmarks/vs_tunix.py creates it): the "
+                "tunix half of e2e.py was skipped")
+  assert written["tunix"]["trained_tokens_per_iteration"] == E2E_PROMPTS * E2E_G * E2E_C
+  assert _close(written["ratio_ours_common_over_tunix"],
+                written["ours_common"]["trained_tokens_per_s"] /
+                written["tunix"]["trained_tokens_per_s"])

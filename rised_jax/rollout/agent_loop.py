@@ -26,6 +26,11 @@ budget `max_total_tokens` bounds the whole transcript: a turn may generate at mo
 min(max_new_tokens_per_turn, tokens left), and an episode whose next observation would leave
 no room for one more agent token ends truncated without appending it.
 
+The loop offers the engine two savings that change no token (the in-process `JaxEngine` takes
+them; a server has its own): the G rollouts' shared first prompt is prefilled once
+(`shared_prefill`), and a reply that already holds a stop string ends inside the engine between
+decode chunks (`stop_check`), so it stops costing decode steps; the cut above is made as before.
+
 Failed requests: a request the engine gives up on (after its retries; `GenerationFailed`)
 ends its episode, and the episode's whole group is left out of `run`'s result (never trained
 on in part); `groups_dropped` counts them for the last `run`.
@@ -205,7 +210,8 @@ class AgentLoop:
     with tqdm.tqdm(total=len(live), desc=desc, unit="episode", leave=False,
                    disable=jax.process_index() != 0) as bar:
       while live:
-        results = generate_or_none(self.engine, [self._request(e, seed) for e in live])
+        results = generate_or_none(self.engine, [self._request(e, seed) for e in live],
+                                   **self._engine_options())
         if len(results) != len(live):
           raise RuntimeError(f"engine returned {len(results)} results for {len(live)} requests")
         for episode, result in zip(live, results):
@@ -295,16 +301,23 @@ class AgentLoop:
                              seed=sampling_seed(seed, episode.task, episode.rollout,
                                                 len(episode.turns)))
 
+  def _engine_options(self) -> dict:
+    """The savings offered to the engine (see the module docstring)."""
+    options: dict = {"shared_prefill": True}
+    if self.stop_strings:
+      options["stop_check"] = lambda _, output: self._holds_stop_string(output)
+    return options
+
+  def _holds_stop_string(self, output: Sequence[int]) -> bool:
+    text = self.tokenizer.decode(list(output), skip_special_tokens=True)
+    return any(s in text for s in self.stop_strings)
+
   def _stop_length(self, output: Sequence[int]) -> int:
     """How many of the reply's ids to keep: up to the first at which the decoded text
     contains a stop string, else all."""
-    def stops_within(n: int) -> bool:
-      text = self.tokenizer.decode(output[:n], skip_special_tokens=True)
-      return any(s in text for s in self.stop_strings)
-
-    if not self.stop_strings or not stops_within(len(output)):   # one decode in the usual case
+    if not self.stop_strings or not self._holds_stop_string(output):   # usually one decode
       return len(output)
-    return next(n for n in range(1, len(output) + 1) if stops_within(n))
+    return next(n for n in range(1, len(output) + 1) if self._holds_stop_string(output[:n]))
 
   def _advance(self, episode: _Episode, result: GenerationResult) -> None:
     """Appends the reply, steps the environment and appends its observation (or ends)."""

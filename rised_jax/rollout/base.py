@@ -8,7 +8,7 @@ an engine for what it has.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,12 +43,13 @@ class GenerationFailed(RuntimeError):
     self.results = list(results)
 
 
-def generate_or_none(engine: Engine, requests: Sequence[GenerationRequest]
+def generate_or_none(engine: Engine, requests: Sequence[GenerationRequest], **options: Any
                      ) -> list[GenerationResult | None]:
-  """`engine.generate(requests)`, with None in place of each request that failed: for callers
-  that drop what a failed request spoils (a rollout group) and go on with the rest."""
+  """`engine.generate(requests, **options)`, with None in place of each request that failed:
+  for callers that drop what a failed request spoils (a rollout group) and go on with the
+  rest. `options`: the savings of `Engine.generate` (shared_prefill, stop_check)."""
   try:
-    return engine.generate(requests)
+    return engine.generate(requests, **options)
   except GenerationFailed as failure:
     return failure.results
 
@@ -73,6 +74,9 @@ class EngineLimits:
     return self.max_new_tokens is None or tokens <= self.max_new_tokens
 
 
+StopCheck = Callable[[int, list[int]], bool]
+
+
 class Engine(Protocol):
   """A batched token-in, token-out sampler."""
 
@@ -88,8 +92,15 @@ class Engine(Protocol):
     """Forgets kept prompt prefixes: what follows must not depend on what came before."""
     ...
 
-  def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-    """One result per request, in order; raises `GenerationFailed` when some failed."""
+  def generate(self, requests: Sequence[GenerationRequest], *, shared_prefill: bool = False,
+               stop_check: StopCheck | None = None) -> list[GenerationResult]:
+    """One result per request, in order; raises `GenerationFailed` when some failed.
+
+    Two savings a caller may offer, which change no token and which an engine may ignore (a
+    server caches prefixes itself): `shared_prefill`, rows with the same whole prompt prefilled
+    once; `stop_check(request index, output ids so far) -> True` ends a row early (the caller
+    still cuts the reply at its stop string).
+    """
     ...
 
   def update_weights(self, model: Any, version: int) -> None:

@@ -46,6 +46,24 @@ prefill's by float reassociation only. The kept caches are dropped by `update_we
 belong to the old weights) and by `reset_prefix_cache` (the agent loop calls it at the start of
 every run, so a run's rollouts do not depend on what the engine generated before).
 
+Shared-prompt prefill (`generate(..., shared_prefill=True)`): rows of a chunk whose whole
+prompts are equal (a rollout group's first turn) are prefilled once, as a batch of the
+distinct prompts padded to a power of two, and the cache rows and last logits copied to every
+row that shares them; each row then draws with its own key. Compiles per (batch, prompt,
+new-token, distinct) bucket.
+
+Decode chunks and compaction (`decode_chunk=n`): the decode loop runs n steps per jitted call.
+Between calls the host asks `generate`'s `stop_check` about every unfinished row (the agent
+loop's stop strings, which token ids alone cannot express) and, when the live rows fit a
+smaller batch bucket, takes the finished rows' results (and, with prefix reuse, keeps their
+cache) and gathers the live rows' cache, keys and state into that smaller batch, so finished
+rows stop costing decode work. Rows keep their keys and step numbers, so the tokens are those
+of the uncompacted loop. With n = None the loop runs to the end in one call, as before.
+
+KV-cache layout: every cache operation here (row copies for reuse, sharing and compaction)
+goes through `CacheLayout`, which finds each leaf's batch and slot axes from the decoder's
+`init_cache` shapes, so any cache pytree (per-layer leaves, one stacked array) works.
+
 Weights: the engine holds the model's graph definition and its state (references to its
 arrays, not copies). `update_weights` swaps in another model's state of the same structure,
 shapes and dtypes, which reuses every compiled function; call it after each train step (a
@@ -57,7 +75,7 @@ import collections
 import dataclasses
 import math
 import numbers
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -65,7 +83,7 @@ import numpy as np
 from flax import nnx
 
 from rised_jax.rollout.base import (EngineDefaults, EngineLimits, GenerationRequest,
-                                    GenerationResult, SamplingParams)
+                                    GenerationResult, SamplingParams, StopCheck)
 from rised_jax.checks import is_int
 
 DEFAULT_PROMPT_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
@@ -160,17 +178,67 @@ def _first_tokens(logits, seeds, temperature, top_k, top_p, stop_ids, max_new, a
   return keys, out_ids, out_logprobs, lengths, done
 
 
-def _place_rows(cache: Any, source: Any, rows: jax.Array, slots: jax.Array,
-                take: jax.Array) -> Any:
-  """Copies keys/values into `cache` where `take` [B, S] is set, from row rows[b], slot
-  slots[b, s] of `source` (another call's cache, of any batch and slot count)."""
-  picked_k = source.k[:, rows[:, None], slots]        # [L, B, S, KVH, hd]
-  picked_v = source.v[:, rows[:, None], slots]
-  where = take[None, :, :, None, None]
-  positions = source.positions[rows[:, None], slots]
-  return type(cache)(k=jnp.where(where, picked_k, cache.k), v=jnp.where(where, picked_v, cache.v),
-                     positions=jnp.where(take, positions, cache.positions),
-                     valid=cache.valid | take)
+@dataclasses.dataclass(frozen=True)
+class CacheLayout:
+  """Where each KV-cache leaf keeps its rows and slots, found from the decoder's own
+  `init_cache` (the leaf axis whose size follows the batch, resp. the slot count), so that
+  row copies work on any cache pytree: per-layer leaves, one stacked leaf, extra leaves.
+
+  treedef: the cache's tree structure; batch_axes / slot_axes: per leaf (in
+  `jax.tree.leaves` order) the axis, or None where the leaf has none.
+  """
+
+  treedef: Any
+  batch_axes: tuple[int | None, ...]
+  slot_axes: tuple[int | None, ...]
+
+  @classmethod
+  def of(cls, model: Any, dtype: Any) -> CacheLayout:
+    def shapes(batch: int, slots: int):
+      cache = jax.eval_shape(lambda: model.init_cache(batch, slots, dtype))
+      return jax.tree.flatten(cache)
+
+    base, treedef = shapes(2, 3)
+    wider, _ = shapes(5, 3)
+    longer, _ = shapes(2, 7)
+    return cls(treedef=treedef, batch_axes=tuple(_changed_axis(a, b) for a, b in zip(base, wider)),
+               slot_axes=tuple(_changed_axis(a, b) for a, b in zip(base, longer)))
+
+  def slots(self, cache: Any) -> int:
+    """The cache's slot count (prompt bucket + new-token bucket)."""
+    leaves = jax.tree.leaves(cache)
+    return next(x.shape[a] for x, a in zip(leaves, self.slot_axes) if a is not None)
+
+  def take_rows(self, cache: Any, rows: jax.Array) -> Any:
+    """The cache of rows `rows` [B'] (gathered along every leaf's batch axis)."""
+    leaves = jax.tree.leaves(cache)
+    return self.treedef.unflatten([x if a is None else jnp.take(x, rows, axis=a)
+                                   for x, a in zip(leaves, self.batch_axes)])
+
+  def place_rows(self, cache: Any, source: Any, rows: jax.Array, slots: jax.Array,
+                 take: jax.Array) -> Any:
+    """Copies cache entries where `take` [B, S] is set, from row rows[b], slot slots[b, s] of
+    `source` (another call's cache, of any batch and slot count)."""
+    def place(dst, src, batch_axis, slot_axis):
+      if batch_axis is None or slot_axis is None:
+        return dst
+      dst_rs = jnp.moveaxis(dst, (batch_axis, slot_axis), (0, 1))
+      picked = jnp.moveaxis(src, (batch_axis, slot_axis), (0, 1))[rows[:, None], slots]
+      where = take.reshape(take.shape + (1,) * (dst_rs.ndim - 2))
+      return jnp.moveaxis(jnp.where(where, picked, dst_rs), (0, 1), (batch_axis, slot_axis))
+
+    return self.treedef.unflatten([
+        place(d, s, b, a) for d, s, b, a in zip(jax.tree.leaves(cache), jax.tree.leaves(source),
+                                                 self.batch_axes, self.slot_axes)])
+
+
+def _changed_axis(a: Any, b: Any) -> int | None:
+  """The one axis in which two shapes of the same leaf differ (None: they agree)."""
+  axes = [i for i, (m, n) in enumerate(zip(a.shape, b.shape)) if m != n]
+  if len(axes) > 1:
+    raise ValueError(f"JaxEngine: a KV-cache leaf {a.shape} -> {b.shape} changes in more than "
+                     f"one axis with one size; the cache layout is not understood")
+  return axes[0] if axes else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,13 +247,16 @@ def _place_rows(cache: Any, source: Any, rows: jax.Array, slots: jax.Array,
 
 @dataclasses.dataclass(frozen=True)
 class Bucket:
-  """One compiled shape: padded batch, prompt length and new-token capacity, and for a chunk
-  that reuses cached prefixes the width of the prefilled window (None: the whole prompt)."""
+  """One compiled shape: padded batch, prompt length and new-token capacity, for a chunk
+  that reuses cached prefixes the width of the prefilled window (None: the whole prompt), and
+  for a shared-prompt prefill the padded count of distinct prompts prefilled (None: every
+  row is prefilled)."""
 
   batch: int
   prompt_len: int
   new_tokens: int
   window: int | None = None
+  distinct: int | None = None
 
 
 @dataclasses.dataclass
@@ -259,6 +330,9 @@ class JaxEngine(EngineDefaults):
     pad_id: token id written into padding columns (masked out, never attended).
     reuse_prefix: keep the last call's KV cache and prefill only what a prompt adds to it
       (see the module docstring).
+    decode_chunk: decode steps per jitted call (None: one call to the end). Between calls
+      finished rows leave the batch when the live ones fit a smaller batch bucket, and
+      `generate`'s stop_check may end rows (see the module docstring).
   """
 
   def __init__(self, model: Any, *, max_batch: int = 16,
@@ -266,7 +340,7 @@ class JaxEngine(EngineDefaults):
                prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
                max_new_tokens_buckets: Sequence[int] = DEFAULT_NEW_TOKEN_BUCKETS,
                dtype: Any = None, max_stop_tokens: int = 8, pad_id: int = 0,
-               reuse_prefix: bool = False):
+               reuse_prefix: bool = False, decode_chunk: int | None = None):
     for name in ("init_cache", "forward_with_cache", "cfg"):
       if not hasattr(model, name):
         raise TypeError(f"JaxEngine: model must be a rised_jax.model.Decoder (it has no "
@@ -277,6 +351,11 @@ class JaxEngine(EngineDefaults):
         max_stop_tokens < 1:
       raise ValueError(f"JaxEngine: max_stop_tokens must be a positive integer, "
                        f"got {max_stop_tokens!r}")
+    if decode_chunk is not None and (isinstance(decode_chunk, bool) or
+                                     not isinstance(decode_chunk, int) or decode_chunk < 1):
+      raise ValueError(f"JaxEngine: decode_chunk must be a positive integer or None, "
+                       f"got {decode_chunk!r}")
+    self.decode_chunk = decode_chunk
     self.vocab_size = int(model.cfg.vocab_size)
     if not 0 <= pad_id < self.vocab_size:
       raise ValueError(f"JaxEngine: pad_id must be in [0, {self.vocab_size}), got {pad_id!r}")
@@ -297,7 +376,10 @@ class JaxEngine(EngineDefaults):
     self._traces: collections.Counter[tuple[str, Bucket]] = collections.Counter()
     self._prefill = jax.jit(self._prefill_fn, static_argnames="new_tokens")
     self._prefill_window = jax.jit(self._prefill_window_fn, static_argnames="new_tokens")
-    self._place = jax.jit(_place_rows)
+    self._prefill_shared = jax.jit(self._prefill_shared_fn, static_argnames="new_tokens")
+    self.layout = CacheLayout.of(model, dtype)
+    self._place = jax.jit(self.layout.place_rows)
+    self._compact = jax.jit(self._compact_fn)
     self._decode = jax.jit(self._decode_fn)
     self.last_decode_steps: list[int] = []   # per chunk of the last call: tokens per row drawn
     self.reuse_prefix = bool(reuse_prefix)
@@ -307,6 +389,8 @@ class JaxEngine(EngineDefaults):
     self._kept_caches: list[Any] = []
     self._kept_rows: list[_Kept] = []
     self.last_reused_tokens = 0   # prompt tokens of the last call served from kept caches
+    self.last_shared_tokens = 0   # prompt tokens of the last call not prefilled: shared prompts
+    self.last_row_steps = 0       # decode steps x batch rows the last call ran (padding too)
 
   # ---- public API -------------------------------------------------------------------------
 
@@ -343,8 +427,17 @@ class JaxEngine(EngineDefaults):
     """Forgets the kept caches: the next call prefills every prompt whole."""
     self._kept_caches, self._kept_rows = [], []
 
-  def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-    """One result per request, in order (see the module docstring for the semantics)."""
+  def generate(self, requests: Sequence[GenerationRequest], *, shared_prefill: bool = False,
+               stop_check: StopCheck | None = None
+               ) -> list[GenerationResult]:
+    """One result per request, in order (see the module docstring for the semantics).
+
+    shared_prefill: rows of a chunk with the same whole prompt (and no kept prefix) are
+      prefilled once and their cache rows copied (a rollout group's first turn).
+    stop_check(request index, output ids so far) -> True ends that row; it is asked between
+      `decode_chunk` calls for each unfinished row, so a row may end up to decode_chunk
+      tokens after the point the check would first have accepted (the caller cuts there).
+    """
     requests = list(requests)
     for index, request in enumerate(requests):
       self._validate(request, index)
@@ -355,13 +448,16 @@ class JaxEngine(EngineDefaults):
                                   len(requests[i].prompt_ids)))
     results: list[GenerationResult | None] = [None] * len(requests)
     self.last_decode_steps = []
-    self.last_reused_tokens = 0
+    self.last_reused_tokens = self.last_shared_tokens = self.last_row_steps = 0
     kept_caches = self._kept_caches
     self._kept_caches, self._kept_rows = [], []
     for start in range(0, len(order), self.max_batch):
       indices = order[start:start + self.max_batch]
       chunk = self._pack([requests[i] for i in indices], [cached[i] for i in indices])
-      for i, result in zip(indices, self._run(chunk, kept_caches)):
+      for i, result in zip(indices, self._run(chunk, kept_caches, shared_prefill,
+                                              lambda b, ids, indices=indices:
+                                              stop_check(indices[b], ids)
+                                              if stop_check else False)):
         results[i] = result
     return results
 
@@ -383,22 +479,21 @@ class JaxEngine(EngineDefaults):
         best, best_row = length, kept
     return best, best_row
 
-  def _keep(self, chunk: _Chunk, cache: Any, out_ids: np.ndarray,
-            lengths: np.ndarray) -> None:
-    """Records where each row's prompt and output tokens (but the last) sit in `cache`."""
-    index = len(self._kept_caches)
-    self._kept_caches.append(cache)
+  def _keep(self, chunk: _Chunk, b: int, cache: int, row: int, out_ids: np.ndarray,
+            length: int) -> None:
+    """Records where chunk row b's prompt and output tokens (but the last) sit: in row `row` of
+    kept cache number `cache`."""
     prompt_len = chunk.bucket.prompt_len
     width = chunk.prompt_ids.shape[1]
-    for b, prompt in enumerate(chunk.prompts):
-      cached, n_out = int(chunk.cached[b]), int(lengths[b]) - 1
-      uncached = len(prompt) - cached
-      slots = np.concatenate([
-          np.arange(prompt_len - width - cached, prompt_len - width),
-          np.arange(prompt_len - uncached, prompt_len),
-          np.arange(prompt_len, prompt_len + n_out)]).astype(np.int32)
-      tokens = np.asarray(list(prompt) + [int(t) for t in out_ids[b, :n_out]], np.int32)
-      self._kept_rows.append(_Kept(tokens=tokens, slots=slots, cache=index, row=b))
+    prompt = chunk.prompts[b]
+    cached, n_out = int(chunk.cached[b]), length - 1
+    uncached = len(prompt) - cached
+    slots = np.concatenate([
+        np.arange(prompt_len - width - cached, prompt_len - width),
+        np.arange(prompt_len - uncached, prompt_len),
+        np.arange(prompt_len, prompt_len + n_out)]).astype(np.int32)
+    tokens = np.asarray(list(prompt) + [int(t) for t in out_ids[:n_out]], np.int32)
+    self._kept_rows.append(_Kept(tokens=tokens, slots=slots, cache=cache, row=row))
 
   # ---- validation and packing ---------------------------------------------------------------
 
@@ -529,31 +624,105 @@ class JaxEngine(EngineDefaults):
     self.last_reused_tokens += plan.tokens
     return cache
 
-  def _run(self, chunk: _Chunk, kept_caches: Sequence[Any] = ()) -> list[GenerationResult]:
+  def _prefill_chunk(self, chunk: _Chunk, kept_caches: Sequence[Any], shared: bool):
+    """The prefill of `chunk` (whole prompts, windows after kept prefixes, or each distinct
+    prompt once): (cache, keys, ids, log-probs, lengths, done) on the device."""
     sampling = (chunk.temperature, chunk.top_k, chunk.top_p, chunk.stop_ids, chunk.max_new)
-    if chunk.reuse is None:
-      cache, keys, out_ids, out_logprobs, lengths, done = self._prefill(
-          self._state, chunk.prompt_ids, chunk.prompt_mask, chunk.seeds, *sampling,
-          chunk.active, new_tokens=chunk.bucket.new_tokens)
-    else:
-      cache, keys, out_ids, out_logprobs, lengths, done = self._prefill_window(
-          self._state, self._initial_cache(chunk, kept_caches), chunk.prompt_ids,
-          chunk.prompt_mask, chunk.seeds, *sampling, chunk.active,
-          new_tokens=chunk.bucket.new_tokens)
-    out_ids, out_logprobs, lengths, steps, cache = self._decode(
-        self._state, cache, keys, out_ids, out_logprobs, lengths, done, *sampling)
-    out_ids, out_logprobs, lengths, steps = jax.device_get(
-        (out_ids, out_logprobs, lengths, steps))
-    self.last_decode_steps.append(int(steps))
-    if self.reuse_prefix:
-      self._keep(chunk, cache, out_ids, lengths)
+    tail = (chunk.seeds, *sampling, chunk.active)
+    if chunk.reuse is not None:
+      return self._prefill_window(self._state, self._initial_cache(chunk, kept_caches),
+                                  chunk.prompt_ids, chunk.prompt_mask, *tail,
+                                  new_tokens=chunk.bucket.new_tokens)
+    distinct = self._distinct_prompts(chunk) if shared else None
+    if distinct is None:
+      return self._prefill(self._state, chunk.prompt_ids, chunk.prompt_mask, *tail,
+                           new_tokens=chunk.bucket.new_tokens)
+    ids, mask, source = distinct
+    return self._prefill_shared(self._state, ids, mask, source, *tail,
+                                new_tokens=chunk.bucket.new_tokens)
+
+  def _distinct_prompts(self, chunk: _Chunk):
+    """(ids [U', P], mask [U', P], source [B]) where the chunk's rows have U distinct prompts
+    (U' the power of two >= U) and row b is prefilled as distinct row source[b]; None when that
+    would not make the prefill batch smaller."""
+    index_of: dict[bytes, int] = {}   # prompt -> its distinct row
+    rows: list[int] = []              # the first chunk row of each distinct prompt
+    source = np.zeros(chunk.bucket.batch, np.int32)
+    for b in range(chunk.size):
+      key = chunk.prompt_ids[b].tobytes()
+      if key not in index_of:
+        index_of[key] = len(rows)
+        rows.append(b)
+      source[b] = index_of[key]
+    # A power of two, not a batch bucket: a job with coarse buckets (16, 32) still prefills
+    # its 4 distinct prompts as 4 rows (one compilation per power of two).
+    padded = 1 << (len(rows) - 1).bit_length()
+    if padded >= chunk.bucket.batch:
+      return None
+    self.last_shared_tokens += sum(len(chunk.prompts[b]) for b in range(chunk.size)
+                                   if b not in rows)
+    # Padding rows repeat the last prompt; only the chunk's inactive padding rows read them.
+    rows += [rows[-1]] * (padded - len(rows))
+    source[chunk.size:] = padded - 1
+    return chunk.prompt_ids[rows], chunk.prompt_mask[rows], source
+
+  def _run(self, chunk: _Chunk, kept_caches: Sequence[Any], shared: bool,
+           stop_check: StopCheck) -> list[GenerationResult]:
+    """Prefill, then decode `decode_chunk` steps at a time; between calls finished rows leave
+    the batch when the live ones fit a smaller batch bucket (their results and caches are
+    taken first)."""
+    new_tokens = chunk.bucket.new_tokens
+    cache, keys, ids, logprobs, lengths, done = self._prefill_chunk(chunk, kept_caches, shared)
+    sampling = [chunk.temperature, chunk.top_k, chunk.top_p, chunk.stop_ids, chunk.max_new]
+    position_row = np.where(np.arange(chunk.bucket.batch) < chunk.size,
+                            np.arange(chunk.bucket.batch), -1)   # chunk row at each position
+    final_ids = np.zeros((chunk.size, new_tokens), np.int32)
+    final_logprobs = np.zeros((chunk.size, new_tokens), np.float32)
+    final_lengths = np.zeros(chunk.size, np.int32)
+    checked = np.zeros(chunk.size, bool)   # ended by stop_check
+    step = 1
+    while True:
+      limit = new_tokens if self.decode_chunk is None else min(step + self.decode_chunk,
+                                                               new_tokens)
+      start = step
+      ids, logprobs, lengths, done, step, cache = self._decode(
+          self._state, cache, keys, ids, logprobs, lengths, done, step, limit, *sampling)
+      ids, logprobs, lengths, done, step = jax.device_get((ids, logprobs, lengths, done, step))
+      step, done = int(step), np.array(done)
+      self.last_row_steps += (step - start) * len(position_row)
+      over = step >= new_tokens
+      if not over:
+        for b in np.flatnonzero(~done & (position_row >= 0)):
+          if stop_check(int(position_row[b]), [int(t) for t in ids[b, :lengths[b]]]):
+            done[b] = checked[position_row[b]] = True
+      over = over or bool(done.all())
+      live = np.flatnonzero(~done)
+      smaller = None if over else _smallest_fitting(self.batch_buckets, len(live))
+      if over or smaller < len(position_row):
+        leaving = np.flatnonzero((position_row >= 0) & (done | over))
+        if self.reuse_prefix and len(leaving):
+          self._kept_caches.append(cache)
+        for b in leaving:
+          r = int(position_row[b])
+          final_ids[r], final_logprobs[r], final_lengths[r] = ids[b], logprobs[b], lengths[b]
+          if self.reuse_prefix:
+            self._keep(chunk, r, len(self._kept_caches) - 1, int(b), ids[b], int(lengths[b]))
+        if over:
+          break
+        # Live rows first, then finished ones as inactive padding (done stays set).
+        order = np.concatenate([live, np.flatnonzero(done)])[:smaller].astype(np.int32)
+        cache, keys = self._compact(cache, keys, order)
+        ids, logprobs, lengths, done = ids[order], logprobs[order], lengths[order], done[order]
+        sampling = [a[order] for a in sampling]
+        position_row = np.where(np.arange(smaller) < len(live), position_row[order], -1)
+    self.last_decode_steps.append(step)
     results = []
     for b in range(chunk.size):
-      n = int(lengths[b])
-      ids = [int(t) for t in out_ids[b, :n]]
-      stopped = ids[-1] in chunk.stop_ids[b]
-      results.append(GenerationResult(output_ids=ids,
-                                      logprobs=[float(x) for x in out_logprobs[b, :n]],
+      n = int(final_lengths[b])
+      out = [int(t) for t in final_ids[b, :n]]
+      stopped = checked[b] or out[-1] in chunk.stop_ids[b]
+      results.append(GenerationResult(output_ids=out,
+                                      logprobs=[float(x) for x in final_logprobs[b, :n]],
                                       finish_reason="stop" if stopped else "length"))
     return results
 
@@ -575,26 +744,46 @@ class JaxEngine(EngineDefaults):
     """`_prefill_fn` on a cache that already holds each row's kept prefix just before the last
     `window` prompt slots: only the window is fed."""
     batch, window = window_ids.shape
-    prompt_len = cache.valid.shape[1] - new_tokens
+    prompt_len = self.layout.slots(cache) - new_tokens
     self._traces[("prefill", Bucket(batch, prompt_len, new_tokens, window))] += 1
     model = nnx.merge(self._graphdef, state)
     logits, cache = _feed_prompt(model, window_ids, window_mask, cache, prompt_len)
     return (cache, *_first_tokens(logits, seeds, temperature, top_k, top_p, stop_ids, max_new,
                                   active, new_tokens))
 
-  def _decode_fn(self, state, cache, keys, out_ids, out_logprobs, lengths, done, temperature,
-                 top_k, top_p, stop_ids, max_new):
-    """Draws tokens 1.. until every row is done or the bucket is full; returns
-    (ids [B, N], log-probs [B, N], lengths [B], steps run, the cache)."""
+  def _prefill_shared_fn(self, state, distinct_ids, distinct_mask, source, seeds, temperature,
+                         top_k, top_p, stop_ids, max_new, active, *, new_tokens: int):
+    """`_prefill_fn` that feeds each distinct prompt once ([U', P]) and copies its cache rows
+    and last logits to the rows that share it (row b from distinct row source[b])."""
+    distinct, prompt_len = distinct_ids.shape
+    batch = source.shape[0]
+    self._traces[("prefill", Bucket(batch, prompt_len, new_tokens, distinct=distinct))] += 1
+    model = nnx.merge(self._graphdef, state)
+    cache = model.init_cache(distinct, prompt_len + new_tokens, self.cache_dtype)
+    logits, cache = _feed_prompt(model, distinct_ids, distinct_mask, cache, prompt_len)
+    cache = self.layout.take_rows(cache, source)
+    return (cache, *_first_tokens(logits[source], seeds, temperature, top_k, top_p, stop_ids,
+                                  max_new, active, new_tokens))
+
+  def _compact_fn(self, cache, keys, order):
+    """The cache and row keys of rows `order` [B'] (a smaller batch)."""
+    slots = self.layout.slots(cache)
+    self._traces[("compact", Bucket(order.shape[0], slots, keys.shape[0]))] += 1
+    return self.layout.take_rows(cache, order), keys[order]
+
+  def _decode_fn(self, state, cache, keys, out_ids, out_logprobs, lengths, done, step, limit,
+                 temperature, top_k, top_p, stop_ids, max_new):
+    """Draws tokens step.. until every row is done or step reaches `limit`; returns
+    (ids [B, N], log-probs [B, N], lengths [B], done [B], the next step, the cache)."""
     batch, new_tokens = out_ids.shape
-    prompt_len = cache.valid.shape[1] - new_tokens
+    prompt_len = self.layout.slots(cache) - new_tokens
     self._traces[("decode", Bucket(batch, prompt_len, new_tokens))] += 1
     model = nnx.merge(self._graphdef, state)
     feed_mask = jnp.ones((batch, 1), jnp.int32)
 
     def unfinished(carry):
       step, _, _, _, _, done = carry
-      return (step < new_tokens) & ~jnp.all(done)
+      return (step < limit) & ~jnp.all(done)
 
     def next_token(carry):
       step, cache, out_ids, out_logprobs, lengths, done = carry
@@ -610,9 +799,10 @@ class JaxEngine(EngineDefaults):
       done = done | is_stop(tokens, stop_ids) | (step + 1 >= max_new)
       return step + 1, cache, out_ids, out_logprobs, lengths, done
 
-    steps, cache, out_ids, out_logprobs, lengths, _ = jax.lax.while_loop(
-        unfinished, next_token, (jnp.int32(1), cache, out_ids, out_logprobs, lengths, done))
-    return out_ids, out_logprobs, lengths, steps, cache
+    step, cache, out_ids, out_logprobs, lengths, done = jax.lax.while_loop(
+        unfinished, next_token, (jnp.asarray(step, jnp.int32), cache, out_ids, out_logprobs,
+                                 lengths, done))
+    return out_ids, out_logprobs, lengths, done, step, cache
 
 
 def _shapes_and_dtypes(state: Any) -> list[tuple[str, tuple[tuple[int, ...], str]]]:

@@ -65,7 +65,7 @@ from typing import Any, Mapping, Sequence
 
 from rised_jax.rollout import http_retry
 from rised_jax.rollout.base import (EngineDefaults, GenerationFailed, GenerationRequest,
-                                    GenerationResult)
+                                    GenerationResult, StopCheck)
 from rised_jax.checks import is_int, is_number
 
 log = logging.getLogger(__name__)
@@ -356,8 +356,11 @@ class SGLangEngine(EngineDefaults):
         self.failed_requests += 1
       raise SGLangError(f"{where} failed: {error}") from error
 
-  def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-    """Results in request order. All requests are validated before any is sent. When some
+  def generate(self, requests: Sequence[GenerationRequest], *, shared_prefill: bool = False,
+               stop_check: StopCheck | None = None) -> list[GenerationResult]:
+    """Results in request order; the savings are the server's own (its radix cache shares
+    prompt prefixes; a reply runs to its stop ids), so `shared_prefill` and `stop_check` are
+    not used. All requests are validated before any is sent. When some
     fail (after their retries), the others still finish and `SGLangGenerationFailed` is
     raised with them (None where a request failed) and the first failure in its message; an
     unexpected error (a bug) cancels the requests not yet sent and propagates."""

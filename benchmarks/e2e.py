@@ -1,0 +1,305 @@
+"""One RL iteration end to end, ours and google-tunix 0.1.7's GRPO learner loop, in one run.
+
+  JAX_PLATFORMS=cpu python3 benchmarks/e2e.py        # → benchmarks/results/e2e.json (≈ 5 min)
+
+Three measurements on the random tiny Qwen3 of the tunix driver (2 layers, d = 128, tied,
+fp32), each: --warmup iterations (they compile), then --iters timed ones, stage by stage:
+
+  tunix        the driver `shared/peers/tunix_grpo_bench.py learner` in `.venv-tunix`
+               (vs_tunix.py creates it): tunix's GRPOLearner / RLCluster loop, its vanilla
+               KV-cache sampler; per step --prompts random prompts of --prompt-len tokens,
+               --group-size completions each of exactly --completion-len tokens (no stop
+               token), a reward = fraction of even token ids, GRPO advantages, one actor
+               update (β = 0, ε = 0.2, AdamW 1e-4), weights shared with the sampler. Its
+               stage times are the driver's (generate, update_actor; steps after the first).
+  ours-common  the same work in this process: JaxEngine samples the same counts of random
+               prompts / completions (temperature 0.9, no stop token), the same reward,
+               `advantages.grpo`, every group trained (no selection), our GRPO step
+               (seq-mean-token-mean, ε = 0.2, β = 0, the sampler's log-probs as π_old, AdamW
+               1e-4, vs_tunix.py's settings), then `update_weights` (the weight sync).
+  ours-agentic what tunix's loop does not do: RISED on multi-turn environments through the
+               trainer's own stages (`trainer.assemble / update / sync_weights`, the
+               pipeline's roll_out, judge, advantages, select, teach) with the main job's
+               rollout settings (experiments/configs/smollm2_cpu.py: reply prefix, stop
+               string, prefix reuse, K = --pool-groups tasks × G, B = --batch-groups), the
+               SmolLM2 tokenizer and a random Qwen3 of the same shape over its vocabulary.
+
+Reported: trained agent tokens per second of wall time (tokens with loss_mask 1 in the trained
+batch, per iteration), each stage's share of the iteration, and ours-common / tunix. The
+machine's load average is recorded: on a shared 2-core machine read the ratios with it.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks import common, vs_tunix  # noqa: E402
+from rised_jax import config as config_lib, parallel, pipelines, trainer  # noqa: E402
+from rised_jax.learn import advantages as advantages_lib  # noqa: E402
+from rised_jax.learn import train_step as step_lib  # noqa: E402
+from rised_jax.model import ModelConfig, from_config, from_pretrained  # noqa: E402
+from rised_jax.rollout.base import GenerationRequest, SamplingParams  # noqa: E402
+from rised_jax.rollout.jax_engine import JaxEngine  # noqa: E402
+
+PRESET = "qwen3-2l-d128"
+MAIN_JOB_CONFIG = common.REPO_ROOT / "experiments" / "configs" / "smollm2_cpu.py"
+AGENTIC_STAGES = ("rollout", "judge", "advantages", "select", "teacher", "batch", "step", "sync")
+
+
+class StageTimer:
+  """Wall seconds per named stage of one iteration."""
+
+  def __init__(self):
+    self.seconds: dict[str, float] = {}
+
+  def __call__(self, name: str, fn: Callable[[], Any]) -> Any:
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+    return out
+
+
+def summarize(iterations: list[dict[str, float]], trained_tokens: list[int]) -> dict[str, Any]:
+  """Median iteration time, its stage shares (of the summed medians) and tokens/s."""
+  stages = {k: float(np.median([it[k] for it in iterations])) for k in iterations[0]}
+  total = float(np.median([sum(it.values()) for it in iterations]))
+  tokens = float(np.median(trained_tokens))
+  return {"iteration_s": total, "stage_s": stages,
+          "stage_share": {k: v / sum(stages.values()) for k, v in stages.items()},
+          "trained_tokens_per_iteration": tokens,
+          "trained_tokens_per_s": tokens / total, "iterations_s": [sum(i.values())
+                                                                   for i in iterations]}
+
+
+# ----------------------------------------------------------------------------- ours, common
+
+
+def even_fraction(ids: Sequence[int]) -> float:
+  """The tunix driver's dummy reward: the fraction of even token ids."""
+  return float(np.mean([t % 2 == 0 for t in ids])) if len(ids) else 0.0
+
+
+def run_ours_common(args: argparse.Namespace) -> dict[str, Any]:
+  cfg = common.model_config(PRESET)
+  config = step_lib.StepConfig(aggregation="seq-mean-token-mean", eps_low=0.2, eps_high=0.2,
+                               importance_cap=None, beta=0.0, chunk=args.chunk)
+  trainable, state = step_lib.create(from_config(cfg, 0), step_lib.make_optimizer(
+      vs_tunix.OPTIMIZER), config, parallel.make_mesh())
+  rows = args.prompts * args.group_size
+  p, c = args.prompt_len, args.completion_len
+  engine = JaxEngine(trainable.model(state), max_batch=rows, prompt_buckets=(p,),
+                     max_new_tokens_buckets=(c,))
+  params = SamplingParams(max_new_tokens=c, temperature=0.9)
+  rng = np.random.default_rng(0)
+  carry = {"state": state}
+  iterations, tokens = [], []
+  for index in range(args.warmup + args.iters):
+    timer = StageTimer()
+    prompts = rng.integers(3, cfg.vocab_size, (args.prompts, p))
+    requests = [GenerationRequest(prompts[i // args.group_size].tolist(), params,
+                                  seed=index * rows + i) for i in range(rows)]
+    results = timer("rollout", lambda: engine.generate(requests, shared_prefill=True))
+    rewards = timer("judge", lambda: np.array([even_fraction(r.output_ids) for r in results],
+                                              np.float32).reshape(args.prompts, args.group_size))
+    adv = timer("advantages", lambda: np.asarray(advantages_lib.grpo(rewards)).reshape(-1))
+    batch = timer("batch", lambda: common_batch(prompts, results, adv, args.group_size))
+
+    def step():
+      carry["state"], metrics = trainable.step(carry["state"], trainable.put_batch(batch))
+      return metrics
+
+    metrics = timer("step", step)
+    if not np.isfinite(float(metrics["loss"])):
+      raise RuntimeError(f"ours-common: non-finite loss at iteration {index}")
+    timer("sync", lambda: engine.update_weights(trainable.model(carry["state"]), index + 1))
+    if index >= args.warmup:
+      iterations.append(timer.seconds)
+      tokens.append(int(batch["loss_mask"].sum()))
+  return summarize(iterations, tokens)
+
+
+def common_batch(prompts: np.ndarray, results, adv: np.ndarray, group_size: int
+                 ) -> dict[str, np.ndarray]:
+  """The Batch-contract rows of the single-turn work: prompt + completion, π_old = the
+  sampler's log-probs, one advantage per row over its completion."""
+  rows, p = len(results), prompts.shape[1]
+  c = max(len(r.output_ids) for r in results)
+  ids = np.zeros((rows, p + c), np.int32)
+  loss_mask = np.zeros((rows, p + c), np.float32)
+  old = np.zeros((rows, p + c), np.float32)
+  for i, result in enumerate(results):
+    n = len(result.output_ids)
+    ids[i, :p] = prompts[i // group_size]
+    ids[i, p:p + n] = result.output_ids
+    loss_mask[i, p:p + n] = 1.0
+    old[i, p:p + n] = result.logprobs
+  return {"input_ids": ids, "attention_mask": (loss_mask > 0) | (np.arange(p + c) < p),
+          "loss_mask": loss_mask, "advantages": adv[:, None] * loss_mask,
+          "old_logprobs": old}
+
+
+# ----------------------------------------------------------------------------- ours, agentic
+
+
+def agentic_config(args: argparse.Namespace):
+  """The main job's config with the tiny model's sizes: its envs, rollout and step settings."""
+  spec = importlib.util.spec_from_file_location("smollm2_cpu", MAIN_JOB_CONFIG)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  with config.unlocked():
+    config.envs.names = list(args.envs)
+    config.envs.difficulty = ml_collections.ConfigDict(
+        {name: config.envs.difficulty[name].to_dict() for name in args.envs
+         if name in config.envs.difficulty})
+    config.select.pool_groups = args.pool_groups
+    config.select.batch_groups = args.batch_groups
+    config.rollout.group_size = args.group_size
+    config.step.micro_batches = 1
+    config.train.steps = args.warmup + args.iters
+  return config
+
+
+def run_ours_agentic(args: argparse.Namespace, tokenizer) -> dict[str, Any]:
+  config = agentic_config(args)
+  config_lib.validate(config, num_devices=jax.device_count())
+  hf = dict(common.MODEL_PRESETS[PRESET], vocab_size=tokenizer.vocab_size)
+  model = from_config(ModelConfig.from_hf(hf, source=f"{PRESET} over the tokenizer's vocab"), 0)
+  trainable, state = step_lib.create(model, step_lib.make_optimizer(
+      config_lib.optimizer_config(config)), config_lib.step_config(config), parallel.make_mesh())
+  engine = trainer._engine(config, trainable.model(state), tokenizer)  # noqa: SLF001 - the job's
+  pipeline = pipelines.make_pipeline(config, engine, tokenizer)
+  run = trainer.Run(config=config, tokenizer=tokenizer, trainable=trainable, state=state,
+                    engine=engine, pipeline=pipeline, checkpointer=None, log=None,
+                    history=trainer.RunHistory())
+  iterations, tokens = [], []
+  compiled: set = set()
+  for step in range(args.warmup + args.iters):
+    # The stages of trainer.train, in its order (no evaluation, logging or checkpoint).
+    timer = StageTimer()
+    pool = timer("rollout", lambda: pipeline.roll_out(step))
+    timer("judge", lambda: pipeline.judge(pool))
+    timer("advantages", lambda: pipeline.advantages(pool))
+    selected = timer("select", lambda: pipeline.select(pool, step))
+    timer("teacher", lambda: pipeline.teach(selected, pool, step))
+    batch = timer("batch", lambda: trainer.assemble(run, pipeline.rows(selected)))
+    metrics = timer("step", lambda: trainer.update(run, batch, compiled))
+    if metrics["skipped_nonfinite"]:
+      raise RuntimeError(f"ours-agentic: the step at iteration {step} was non-finite")
+    timer("sync", lambda: trainer.sync_weights(run, step + 1))
+    pipeline.observe(pool)
+    if step >= args.warmup:
+      iterations.append(timer.seconds)
+      tokens.append(int(np.asarray(batch["loss_mask"]).sum()))
+  out = summarize(iterations, tokens)
+  out.update(envs=list(args.envs), pool_groups=args.pool_groups,
+             batch_groups=args.batch_groups, group_size=args.group_size)
+  return out
+
+
+# ----------------------------------------------------------------------------- tunix
+
+
+def run_tunix(args: argparse.Namespace) -> dict[str, Any]:
+  python = vs_tunix.venv_python(args.venv)
+  with tempfile.TemporaryDirectory() as tmp:
+    out = Path(tmp) / "learner.json"
+    command = [str(python), str(args.driver), "learner", *vs_tunix.CONFIGS[PRESET],
+               "--prompts", str(args.prompts), "--G", str(args.group_size),
+               "--P", str(args.prompt_len), "--C", str(args.completion_len),
+               "--steps", str(args.warmup + args.iters), "--json", str(out)]
+    done = subprocess.run(command, check=False, capture_output=True, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    if done.returncode:
+      raise RuntimeError(f"the tunix driver failed ({' '.join(command)}):\n{done.stderr[-4000:]}")
+    record = json.loads(out.read_text())[0]
+  # Steady steps: the driver's per-step lists after the warm-up steps.
+  gen = record["generate_s"][args.warmup:] or record["generate_s"]
+  upd = record["update_actor_s"][args.warmup:] or record["update_actor_s"]
+  iterations = [{"rollout": g, "update": u} for g, u in zip(gen, upd)]
+  tokens = args.prompts * args.group_size * args.completion_len   # every completion token
+  out = summarize(iterations, [tokens] * len(iterations))
+  out.update(command=command, n_params=record["n_params"], total_s=record["total_s"])
+  return out
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--out", default=str(common.RESULTS_DIR / "e2e.json"))
+  parser.add_argument("--prompts", type=int, default=4, help="tasks per iteration (common)")
+  parser.add_argument("--group-size", type=int, default=4, help="G")
+  parser.add_argument("--prompt-len", type=int, default=64)
+  parser.add_argument("--completion-len", type=int, default=64)
+  parser.add_argument("--chunk", type=int, default=256, help="loss chunk of our step")
+  parser.add_argument("--warmup", type=int, default=1)
+  parser.add_argument("--iters", type=int, default=3)
+  parser.add_argument("--envs", nargs="+", default=["frozenlake", "maze", "countdown",
+                                                    "sokoban"])
+  parser.add_argument("--pool-groups", type=int, default=4, help="K (agentic)")
+  parser.add_argument("--batch-groups", type=int, default=1, help="B (agentic)")
+  parser.add_argument("--tokenizer", default="smollm2-135m-instruct",
+                      help="packaged model whose tokenizer the agentic part uses")
+  parser.add_argument("--venv", type=Path, default=vs_tunix.DEFAULT_VENV)
+  parser.add_argument("--driver", type=Path, default=vs_tunix.DEFAULT_DRIVER)
+  parser.add_argument("--skip-tunix", action="store_true")
+  args = parser.parse_args(argv)
+  for key in ("prompts", "group_size", "prompt_len", "completion_len", "chunk", "iters",
+              "pool_groups", "batch_groups"):
+    if getattr(args, key) < 1:
+      parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+  if args.warmup < 0:
+    parser.error(f"--warmup must be >= 0, got {args.warmup}")
+  return args
+
+
+def main(argv: Sequence[str] | None = None, tokenizer=None) -> dict[str, Any]:
+  """Runs the three parts; `tokenizer` replaces the packaged one (tests)."""
+  args = parse_args(argv)
+  if tokenizer is None:
+    _, tokenizer = from_pretrained(args.tokenizer, "float32")
+  parts: dict[str, Any] = {}
+  if not args.skip_tunix:
+    vs_tunix.ensure_venv(args.venv)
+    print("tunix learner loop ...", flush=True)
+    parts["tunix"] = run_tunix(args)
+  print("ours, the same single-turn work ...", flush=True)
+  parts["ours_common"] = run_ours_common(args)
+  print("ours, RISED on multi-turn environments ...", flush=True)
+  parts["ours_agentic"] = run_ours_agentic(args, tokenizer)
+  result: dict[str, Any] = {"machine": common.machine_info(), "args": {
+      k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+      "model": PRESET, **parts, "load_average_at_end": list(os.getloadavg())}
+  if "tunix" in parts:
+    result["ratio_ours_common_over_tunix"] = (parts["ours_common"]["trained_tokens_per_s"] /
+                                              parts["tunix"]["trained_tokens_per_s"])
+  print(f"\n{'part':14s} {'iter s':>8s} {'trained tok/s':>13s}  stage shares")
+  for name, part in parts.items():
+    shares = ", ".join(f"{k} {v:.0%}" for k, v in part["stage_share"].items())
+    print(f"{name:14s} {part['iteration_s']:8.3f} {part['trained_tokens_per_s']:13.1f}  {shares}")
+  if "ratio_ours_common_over_tunix" in result:
+    print(f"ours / tunix on the same work: {result['ratio_ours_common_over_tunix']:.2f}x")
+  path = common.write_json(args.out, result)
+  print(f"wrote {path}")
+  return result
+
+
+if __name__ == "__main__":
+  main()
