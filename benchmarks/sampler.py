@@ -296,6 +296,13 @@ class _Plain:
   def reset_prefix_cache(self):
     self.engine.reset_prefix_cache()
 
+  def limits(self):
+    return self.engine.limits()
+
+  @property
+  def server_retries(self):
+    return self.engine.server_retries
+
 
 def bench_rollout_stage(args: argparse.Namespace) -> dict[str, Any]:
   """The main job's rollout stage alone, before / shared / shared+exit (module docstring)."""

@@ -244,6 +244,13 @@ class _Opaque:
   def reset_prefix_cache(self):
     self.engine.reset_prefix_cache()
 
+  def limits(self):
+    return self.engine.limits()
+
+  @property
+  def server_retries(self):
+    return self.engine.server_retries
+
 
 def test_agent_loop_rollouts_are_unchanged_by_the_savings():
   tokenizer = mu.tiny_tokenizer()
