@@ -283,7 +283,7 @@ class _CountingEngine(JaxEngine):
     return results
 
 
-class _Plain:
+class SavingsDeclined:
   """The engine declining the savings the agent loop offers (`before`)."""
 
   def __init__(self, engine: JaxEngine):
@@ -324,7 +324,7 @@ def bench_rollout_stage(args: argparse.Namespace) -> dict[str, Any]:
                            reuse_prefix=rc.reuse_prefix)
   tasks = [Task(env, seed=7 + i, difficulty=dict(config.envs.difficulty[env]))
            for i, env in enumerate(config.envs.names)]
-  modes = {"before": (_Plain(engine), None), "shared": (engine, None),
+  modes = {"before": (SavingsDeclined(engine), None), "shared": (engine, None),
            "shared+exit": (engine, args.decode_chunk)}
   rows, rollouts = [], {}
   for mode, (target, chunk) in modes.items():

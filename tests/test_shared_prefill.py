@@ -26,6 +26,7 @@ from rised_jax.rollout.agent_loop import AgentLoop
 from rised_jax.rollout.base import GenerationRequest, SamplingParams
 from rised_jax.rollout.jax_engine import Bucket, CacheLayout, JaxEngine
 from rised_jax.types import Task
+from benchmarks.sampler import SavingsDeclined
 
 NEW = 8
 REF_WIDTH = 32
@@ -231,27 +232,6 @@ def test_cache_layout_of_the_decoder(model):
 # ------------------------------------------------------------------ agent loop
 
 
-class _Opaque:
-  """A JaxEngine that declines the savings the agent loop offers."""
-
-  def __init__(self, engine):
-    self.engine = engine
-
-  def generate(self, requests, **savings):
-    del savings   # declined
-    return self.engine.generate(requests)
-
-  def reset_prefix_cache(self):
-    self.engine.reset_prefix_cache()
-
-  def limits(self):
-    return self.engine.limits()
-
-  @property
-  def server_retries(self):
-    return self.engine.server_retries
-
-
 def test_agent_loop_rollouts_are_unchanged_by_the_savings():
   tokenizer = mu.tiny_tokenizer()
   cfg = ModelConfig.from_hf(mu.tiny_config("llama_gqa_tied", vocab_size=tokenizer.vocab_size,
@@ -264,7 +244,7 @@ def test_agent_loop_rollouts_are_unchanged_by_the_savings():
   tasks = [Task("maze", 1), Task("countdown", 2)]
   fast = JaxEngine(model, decode_chunk=2, **args)
   runs = [AgentLoop(engine, tokenizer, **loop_args).run(tasks, group_size=3, seed=5)
-          for engine in (_Opaque(JaxEngine(model, **args)), fast)]
+          for engine in (SavingsDeclined(JaxEngine(model, **args)), fast)]
   assert [[t.token_ids for t in g.trajectories] for g in runs[0]] == \
       [[t.token_ids for t in g.trajectories] for g in runs[1]]
   for a, b in zip(*runs):
