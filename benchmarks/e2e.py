@@ -177,7 +177,7 @@ def agentic_config(args: argparse.Namespace):
 
 def run_ours_agentic(args: argparse.Namespace, tokenizer) -> dict[str, Any]:
   config = agentic_config(args)
-  config_lib.validate(config, num_devices=jax.device_count())
+  pipelines.validate(config, num_devices=jax.device_count())
   hf = dict(common.MODEL_PRESETS[PRESET], vocab_size=tokenizer.vocab_size)
   model = from_config(ModelConfig.from_hf(hf, source=f"{PRESET} over the tokenizer's vocab"), 0)
   trainable, state = step_lib.create(model, step_lib.make_optimizer(
