@@ -12,11 +12,15 @@ from __future__ import annotations
 import collections
 import itertools
 
+import jax
+import numpy as np
 import pytest
 import scipy.stats
 
 from rised_jax import envs, evaluate, trainer
+from rised_jax.learn import batching
 from rised_jax.model import tiny
+from tests import learning_envs
 from tests.test_trainer import CONFIG, load_config_file
 
 SETTING = "grpo,signpost"
@@ -65,6 +69,46 @@ def test_signpost_blind_baseline_is_the_commonest_winning_move():
   assert len(winners) == 4   # every move wins somewhere: no constant policy can win them all
   (move, count), = winners.most_common(1)
   assert best_blind_pass_rate(held_out) == (count / len(keys), (move,))
+
+
+def _move_logprobs(run, prompts) -> np.ndarray:
+  """[context, reply] log p(reply's move token | context's prompt) under the run's policy."""
+  model = run.trainable.model(run.state)
+  table = []
+  for prompt in prompts:
+    ids = np.asarray([prompt])
+    logp = jax.nn.log_softmax(model.logits(model.hidden_states(ids, np.ones_like(ids))[:, -1]))
+    table.append([float(logp[0, run.tokenizer.encode(m)[0]]) for m in learning_envs.MOVES])
+  return np.asarray(table)
+
+
+def test_grpo_steps_on_one_batch_make_the_reply_depend_on_the_sign(tmp_path):
+  """Each sign's prompt with all four replies, advantage +0.75 for the sign's move and -0.25
+  for the others. Every reply gets +0.75 in one context and -0.25 in three, so a policy whose
+  prompt lost the observation would see these gradients cancel exactly; the contrast
+  log p(sign's move) - mean log p(other moves), averaged over signs, must instead grow."""
+  config = load_config_file(CONFIG, SETTING)
+  config.model.source = str(tiny.write(tmp_path / "model", config.envs.names))
+  config.step.behaviour_weight = False   # hand-built rows carry no sampler log-probs
+  run = trainer.build(config, tmp_path / "run")
+  env = learning_envs.Signpost()
+  prompts = [run.pipeline.loop.chat.prompt_ids(env.system_prompt,
+                                               f"A red round sign points {m}.")
+             for m in learning_envs.MOVES]
+  rows = [batching.Row(prefix_ids=prompt, response_ids=run.tokenizer.encode(reply),
+                       response_loss_mask=[1], response_behaviour_logprobs=[0.0],
+                       advantage=0.75 if reply == move else -0.25)
+          for move, prompt in zip(learning_envs.MOVES, prompts) for reply in learning_envs.MOVES]
+
+  def contrast(table):
+    return (np.trace(table) - (table.sum() - np.trace(table)) / 3) / len(table)
+
+  before = contrast(_move_logprobs(run, prompts))
+  for _ in range(5):
+    trainer.update(run, batching.assemble(rows, pad_id=run.tokenizer.pad_token_id,
+                                          **config.batching.to_dict()))
+  after = contrast(_move_logprobs(run, prompts))
+  assert after - before > 0.1, (before, after)
 
 
 @pytest.mark.slow
