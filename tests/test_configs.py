@@ -20,7 +20,7 @@ AGENTIC_PRESETS = ["rised", "rised_no_select", "rised_no_teacher", "rised_no_gui
 
 @pytest.mark.parametrize("preset", AGENTIC_PRESETS)
 @pytest.mark.parametrize("name, extra", [("smollm2_cpu.py", ""), ("tiny_cpu.py", ""),
-                                         ("tiny_cpu.py", ",easy"),
+                                         ("tiny_cpu.py", ",easy"), ("tiny_cpu.py", ",signpost"),
                                          ("rised_qwen3_multienv.py", ",1.7b"),
                                          ("rised_qwen3_multienv.py", ",4b,tpu"),
                                          ("rised_qwen3_multienv.py", ",4b,local")])

@@ -4,13 +4,15 @@
   rised-train --config experiments/configs/tiny_cpu.py:rised --workdir runs/tiny \
       --config.model.source=runs/tiny_model
 
-Argument: "ALGORITHM[,easy]". ALGORITHM is a preset (rised, grpo, dapo, variance,
-env_curriculum, rised_no_select, rised_no_teacher, rised_no_guidance). "easy" is the learning
-test's setting (tests/test_learning.py): 3x3 mazes one step from the exit, each action a single
+Argument: "ALGORITHM[,easy|,signpost]". ALGORITHM is a preset (rised, grpo, dapo, variance,
+env_curriculum, rised_no_select, rised_no_teacher, rised_no_guidance). "easy" was the learning
+test's first setting (the tiny model does not learn it; README): 3x3 mazes one step from the exit, each action a single
 token, 256 held-out instances whose winning first move differs (forward, turn left, turn
 right), so the policy must read the observation; a blind policy (one action sequence for every
 instance) wins at most 36 % of them. RISED rolls out K = 4B candidate groups (the regime where
-its selection differs from a random subset).
+its selection differs from a random subset). "signpost" is the learning test's setting: the
+plug-in game tests.learning_envs:Signpost (one move, named by the observation in words; 64
+held-out instances, the best constant move wins about a third of them).
 Hardware: 1 CPU core; well under a minute (easy: about five minutes on 2 shared cores).
 """
 from rised_jax import config as config_lib
@@ -27,7 +29,20 @@ def get_config(arg: str | None = None):
   c.rollout.max_batch = 64
   c.rollout.prompt_buckets = [256, 512, 1024]
   c.rollout.new_token_buckets = [8, 32]
-  if "easy" in flags:
+  if "signpost" in flags:
+    # One move, named by the observation in words (tests/learning_envs.py): the learning
+    # test's setting. 256 instances (move, colour, shape); 64 held out.
+    # G = 16: with G = 8 (150 steps) the greedy policy read only part of the sign.
+    c.envs.names = ["tests.learning_envs:Signpost"]
+    c.rollout.group_size = 16
+    c.rollout.max_new_tokens_per_turn = 1
+    c.rollout.max_total_tokens = 384
+    c.select.pool_groups = 32
+    c.select.batch_groups = 8
+    c.optim.learning_rate = 3e-3
+    c.train.steps = 100
+    c.eval.episodes_per_env = 64
+  elif "easy" in flags:
     # Mazes one step from the exit, which may lie ahead (forward), to a side (turn, forward)
     # or two cells ahead: the right first move must be read from the observation.
     c.envs.names = ["maze"]
