@@ -12,7 +12,8 @@ from rised_jax.pipelines.agentic import AgenticPipeline
 from rised_jax.rollout.base import GenerationResult
 from tests.fake_engine import FakeEngine
 
-CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "experiments" / "configs"
 TINY_CONFIG = CONFIGS / "tiny_cpu.py"
 
 
@@ -35,6 +36,21 @@ class RecordingEngine(FakeEngine):
   def reply(self, request, call):
     self.prompts.append(list(request.prompt_ids))
     return GenerationResult(list(self.ids), [-0.25] * len(self.ids), "stop")
+
+
+def tiny_config(arg: str, model_dir: Path | None, **overrides):
+  """tiny_cpu.py under argument `arg`, on the model in `model_dir` (None: the file's), with
+  dotted-key overrides (`**{"train.steps": 2}`)."""
+  config = load_config_file(TINY_CONFIG, arg)
+  if model_dir is not None:
+    config.model.source = str(model_dir)
+  for dotted, value in overrides.items():
+    node = config
+    *parents, leaf = dotted.split(".")
+    for name in parents:
+      node = node[name]
+    node[leaf] = value
+  return config
 
 
 def frozenlake_pipeline(reply: str):

@@ -15,7 +15,7 @@ from rised_jax.rollout.agent_loop import AgentLoop, EnvironmentFailure
 from rised_jax.rollout.base import GenerationResult, SamplingParams
 from rised_jax.types import Task
 from tests.fake_engine import FixedReplyEngine
-from tests.test_trainer import load_config_file
+from tests.run_fixtures import load_config_file
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "experiments" / "configs" / "tiny_cpu.py"

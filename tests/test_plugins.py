@@ -10,17 +10,13 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from rised_jax import config as config_lib
 from rised_jax import envs, plugins, rubrics, select, trainer
 from rised_jax.model import tiny
-from tests.test_trainer import load_config_file
-
-REPO = Path(__file__).resolve().parent.parent
-CONFIG = REPO / "experiments" / "configs" / "tiny_cpu.py"
+from tests.run_fixtures import REPO, TINY_CONFIG as CONFIG, tiny_config
 
 GAMES = '''
 """A game, a vocabulary, a judge and a selector that rised_jax has never heard of."""
@@ -136,16 +132,9 @@ def games(tmp_path, monkeypatch):
 
 
 def _config(algorithm="rised", **edits):
-  config = load_config_file(CONFIG, algorithm)
   if "envs.names" in edits:   # the file's knobs are for its own environments
     edits = {"envs.difficulty": {}, **edits}
-  for dotted, value in edits.items():
-    node = config
-    *parents, leaf = dotted.split(".")
-    for name in parents:
-      node = node[name]
-    node[leaf] = value
-  return config
+  return tiny_config(algorithm, None, **edits)
 
 
 def test_every_kind_is_found_by_import_path_and_by_entry_point(games):

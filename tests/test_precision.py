@@ -16,7 +16,7 @@ from rised_jax import config as config_lib, parallel, pipelines, trainer
 from rised_jax.learn import batching, train_step
 from rised_jax.model import ModelConfig, from_config, tiny
 from tests import step_fixtures
-from tests.test_trainer import REPO, _config, load_config_file
+from tests.run_fixtures import REPO, load_config_file, tiny_config as _config
 
 
 def _cfg():

@@ -18,7 +18,7 @@ from rised_jax import config as config_lib, parallel, pipelines, runlog, trainer
 from rised_jax.learn import train_step
 from rised_jax.model import ModelConfig, from_config, tiny
 from tests import step_fixtures
-from tests.test_trainer import _config
+from tests.run_fixtures import tiny_config as _config
 
 COEF = 0.5
 

@@ -321,7 +321,7 @@ def test_suites_config_local_run_logs_per_env_pass_rates(tmp_path):
   """The paper-scale suites config's `local` variant: RISED on maze + BabyAI + ScienceWorld."""
   from rised_jax import trainer  # pylint: disable=import-outside-toplevel
   from rised_jax.model import tiny  # pylint: disable=import-outside-toplevel
-  from tests.test_trainer import load_config_file  # pylint: disable=import-outside-toplevel
+  from tests.run_fixtures import load_config_file  # pylint: disable=import-outside-toplevel
   config_file = (os.path.dirname(__file__) + "/../experiments/configs/"
                  "rised_babyai_scienceworld.py")
   config = load_config_file(pathlib.Path(config_file), "rised,4b,local")

@@ -17,24 +17,10 @@ import pytest
 
 from rised_jax import analysis, runlog, trainer
 from rised_jax.model import tiny
-from tests.run_fixtures import load_config_file
-
-REPO = Path(__file__).resolve().parent.parent
-CONFIG = REPO / "experiments" / "configs" / "tiny_cpu.py"
+from tests.run_fixtures import REPO, TINY_CONFIG as CONFIG, load_config_file
+from tests.run_fixtures import tiny_config as _config
 NOTEBOOK = REPO / "notebooks" / "analyze_run.ipynb"
 VOLATILE = ("time", "wall")
-
-
-def _config(arg: str, model_dir: Path, **overrides):
-  config = load_config_file(CONFIG, arg)
-  config.model.source = str(model_dir)
-  for dotted, value in overrides.items():
-    node = config
-    *parents, leaf = dotted.split(".")
-    for name in parents:
-      node = node[name]
-    node[leaf] = value
-  return config
 
 
 @pytest.fixture(scope="module")
