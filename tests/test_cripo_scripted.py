@@ -40,6 +40,8 @@ def kl_of_boost(c: float) -> float:
 class ScriptedLM(nnx.Module):
   """hidden = [one_hot(u), inject_seen · one_hot(u), counter_seen · one_hot(u)]; logits = hidden @ W."""
 
+  dtype = jnp.float32   # the compute dtype (train_step.create casts forward-only copies to it)
+
   def __init__(self):
     table = np.zeros((3 * VOCAB, VOCAB), np.float32)
     for current, boost in ((1, 8.0), (3, 4.0), (4, 1.0)):
