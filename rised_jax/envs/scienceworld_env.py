@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Hashable
 
-from rised_jax.envs import base, suites, text_suite
+from rised_jax.envs import suites, text_suite
 
 scienceworld = suites.require("scienceworld", "scienceworld", "scienceworld")
 
@@ -44,7 +44,8 @@ class ScienceWorld(text_suite.TextSuite):
   def __init__(self, *, task: str = DEFAULT_TASK, simplification: str = "easy",
                eval_split: str = "dev", held_out_from: int = 1_000_000,
                max_turns: int | None = None, shaping: float = 0.0):
-    super().__init__(max_turns=max_turns, shaping=shaping)
+    super().__init__(eval_split=eval_split, held_out_from=held_out_from, max_turns=max_turns,
+                     shaping=shaping)
     known = _task_names()
     if not isinstance(task, str) or not task.strip():
       raise ValueError(f"scienceworld: task must be a task name (or several joined by commas), "
@@ -57,10 +58,6 @@ class ScienceWorld(text_suite.TextSuite):
       raise ValueError(f"scienceworld: simplification must be a string such as 'easy', got "
                        f"{simplification!r}")
     self.simplification = simplification
-    if eval_split not in ("dev", "test"):
-      raise ValueError(f"scienceworld: eval_split must be 'dev' or 'test', got {eval_split!r}")
-    self.eval_split = eval_split
-    self.held_out_from = base.check_int(self.name, "held_out_from", held_out_from, 1, 1 << 62)
 
   @property
   def system_prompt(self) -> str:

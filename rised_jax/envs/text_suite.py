@@ -67,6 +67,16 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
   _pools: ClassVar[dict[str, suites.BackendPool]] = {}
   _starts: ClassVar[dict[Hashable, Start]] = {}
 
+  def __init__(self, *, eval_split: str, held_out_from: int, max_turns: int | None,
+               shaping: float):
+    """eval_split: the suite's split evaluation plays ('dev' or 'test'); seeds from
+    `held_out_from` on play it, lower seeds the train split."""
+    super().__init__(max_turns=max_turns, shaping=shaping)
+    if eval_split not in ("dev", "test"):
+      raise ValueError(f"{self.name}: eval_split must be 'dev' or 'test', got {eval_split!r}")
+    self.eval_split = eval_split
+    self.held_out_from = base.check_int(self.name, "held_out_from", held_out_from, 1, 1 << 62)
+
   # ---- hooks of a suite ------------------------------------------------------------------
 
   @abc.abstractmethod

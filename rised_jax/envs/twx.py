@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Hashable
 
-from rised_jax.envs import base, suites, text_suite
+from rised_jax.envs import suites, text_suite
 
 textworld_express = suites.require("textworld_express", "twx", "twx_*")
 
@@ -35,15 +35,12 @@ class TextWorldExpress(text_suite.TextSuite):
 
   def __init__(self, *, params: str = "", eval_split: str = "dev", held_out_from: int = 1_000_000,
                max_turns: int | None = None, shaping: float = 0.0):
-    super().__init__(max_turns=max_turns, shaping=shaping)
+    super().__init__(eval_split=eval_split, held_out_from=held_out_from, max_turns=max_turns,
+                     shaping=shaping)
     if not isinstance(params, str):
       raise ValueError(f"{self.name}: params must be a TextWorld Express parameter string such "
                        f"as 'numLocations=5,includeDoors=1', got {params!r}")
     self.params = params
-    if eval_split not in ("dev", "test"):
-      raise ValueError(f"{self.name}: eval_split must be 'dev' or 'test', got {eval_split!r}")
-    self.eval_split = eval_split
-    self.held_out_from = base.check_int(self.name, "held_out_from", held_out_from, 1, 1 << 62)
 
   @property
   def system_prompt(self) -> str:
