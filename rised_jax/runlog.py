@@ -6,11 +6,13 @@ keeps everything it logged; a bucket backend that cannot append rewrites the obj
 
   metrics.jsonl     one line per `scalars` call: {"step", "time" (unix), "wall" (seconds of
                     run time), <tag>: value, …}
-  rollouts.jsonl    one line per rollout: {"step", "env", "seed", "group", "rollout", "reward",
-                    "success", "truncated", "num_turns", "agent_tokens", "tags", "untagged",
-                    "selected", "teacher", "hint", "actions"}; "tags" is the list of tag ids the
-                    judge set, or null when the rollout was not judged; "actions" the text of
-                    each turn's action as the environment read it
+  rollouts.jsonl    one line per rollout: {"step", "task", "env", "seed", "group", "rollout",
+                    "reward", "success", "truncated", "num_turns", "agent_tokens", "tags",
+                    "unjudged", "selected", "teacher", "hint", "actions"} ("env" and "seed"
+                    only for environment tasks; "task" is the task's key); "tags" is the list of
+                    tag ids the judge set, or null when no tag judge ran; "unjudged" that the
+                    judge gave no usable verdict; "actions" the text of each turn's action as
+                    the environment read it
   eval.jsonl        one line per environment per evaluation: {"step", "time", "env",
                     "pass_rate", "ci_low", "ci_high", "episodes"}
   eval_episodes.jsonl  one line per evaluation episode: {"step", "env", "instance", "seed",
@@ -37,6 +39,7 @@ JSON values follow Python's `json` module: a non-finite scalar (a NaN loss) is w
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -50,7 +53,7 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 
 from rised_jax.rubrics.vocabulary import Vocabulary
 from rised_jax.stats import check_results, format_pass_rate_table, mean_pass_rate
-from rised_jax.types import Group
+from rised_jax.types import Group, Task
 from rised_jax.checks import is_int
 
 METRICS_FILE = "metrics.jsonl"
@@ -58,6 +61,20 @@ ROLLOUTS_FILE = "rollouts.jsonl"
 EVAL_FILE = "eval.jsonl"
 EVAL_EPISODES_FILE = "eval_episodes.jsonl"
 VOCABULARY_FILE = "vocabulary.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupNotes:
+  """What a step's stages decided about one group of the pool, as rollouts.jsonl records it.
+
+  tags      [G, V] multi-hot rows of a tag judge, or None where no tag judge ran
+  unjudged  [G] bool: the judge (tags or criteria) gave no usable verdict; () = all judged
+  """
+
+  selected: bool = False
+  teacher: bool = False
+  tags: Any = None
+  unjudged: Sequence[bool] = ()
 SUMMARY_FILE = "summary.json"
 RESULTS_FILE = "results.md"
 TENSORBOARD_DIR = "tensorboard"
@@ -267,39 +284,51 @@ class RunLog:
     if self._wandb is not None:
       self._wandb.log(step, tagged)
 
-  def rollouts(self, step: int, groups: Sequence[Group], vocab: Vocabulary | None) -> None:
-    """One rollouts.jsonl line per rollout of `groups` (the step's whole candidate pool).
+  def rollouts(self, step: int, groups: Sequence[Group], notes: Sequence[GroupNotes],
+               vocab: Vocabulary | None) -> None:
+    """One rollouts.jsonl line per rollout of `groups` (the step's whole candidate pool), with
+    the stages' `notes` on each group.
 
     Groups are numbered in order; a second call for the same step continues the numbering.
-    `vocab` names the tags (None only when no rollout carries tags).
+    `vocab` names the tags (None only when no note carries tags).
     """
     self._check_open("rollouts")
     step = _check_step(step, "rollouts")
+    if len(notes) != len(groups):
+      raise ValueError(f"RunLog.rollouts: {len(notes)} notes for {len(groups)} groups")
     first = self._next_group.get(step, 0)
     records = []
-    for g, group in enumerate(groups):
+    for g, (group, note) in enumerate(zip(groups, notes)):
       if not isinstance(group, Group):
         raise ValueError(f"RunLog.rollouts: groups[{g}] is {type(group).__name__}; expected "
                          "rised_jax.types.Group")
+      size = len(group.trajectories)
+      unjudged = list(note.unjudged) or [False] * size
+      if len(unjudged) != size or (note.tags is not None and len(note.tags) != size):
+        raise ValueError(f"RunLog.rollouts: step {step}, group {g} ({group.task.key}) has "
+                         f"{size} rollouts but its notes cover {len(unjudged)} (unjudged) and "
+                         f"{None if note.tags is None else len(note.tags)} (tags)")
+      where = ({"env": group.task.env, "seed": int(group.task.seed)}
+               if isinstance(group.task, Task) else {})
       for r, traj in enumerate(group.trajectories):
-        if traj.tags is None:
+        if note.tags is None:
           tags = None
         elif vocab is None:
           raise ValueError(f"RunLog.rollouts: step {step}, group {g} ({group.task.key}), rollout "
                            f"{r} has tags but no vocabulary was given to name them")
         else:
           try:
-            tags = vocab.ids_of(traj.tags)
+            tags = vocab.ids_of(note.tags[r])
           except ValueError as e:
             raise ValueError(f"RunLog.rollouts: step {step}, group {g} ({group.task.key}), "
                              f"rollout {r}: {e}") from None
         records.append({
-            "step": step, "env": group.task.env, "seed": int(group.task.seed),
+            "step": step, "task": group.task.key, **where,
             "group": first + g, "rollout": r, "reward": float(traj.reward),
             "success": bool(traj.success), "truncated": bool(traj.truncated),
             "num_turns": len(traj.turns), "agent_tokens": traj.num_agent_tokens,
-            "tags": tags, "untagged": bool(traj.untagged), "selected": bool(group.selected),
-            "teacher": group.teacher_prefix is not None, "hint": traj.hint != "",
+            "tags": tags, "unjudged": bool(unjudged[r]), "selected": note.selected,
+            "teacher": note.teacher, "hint": traj.hint != "",
             "actions": [turn.action_text for turn in traj.turns]})
     if vocab is not None and self.enabled:
       self._record_vocabulary(vocab)

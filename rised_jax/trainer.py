@@ -325,17 +325,17 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     timer = _StageTimer()
     metrics: dict[str, float] = {}
     with timer("rollout"):
-      pool = p.roll_out(step)
+      record = p.roll_out(step)
     with timer("judge"):
-      metrics.update(p.judge(pool))
+      record = p.judge(record)
     with timer("advantages"):
-      p.advantages(pool)
+      record = p.advantages(record)
     with timer("select"):
-      selected = p.select(pool, step)
+      record = p.select(record)
     with timer("teacher"):
-      metrics.update(p.teach(selected, pool, step))
+      record = p.teach(record)
     with timer("batch"):
-      batch = assemble(run, p.rows(selected))
+      batch = assemble(run, p.rows(record))
     with timer("step"):
       step_metrics = update(run, batch, compiled_shapes)
     skipped = step_metrics.pop("skipped_nonfinite")
@@ -344,7 +344,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     history.nonfinite_streak = history.nonfinite_streak + 1 if skipped else 0
     with timer("sync"):
       sync_weights(run, step + 1)
-    p.observe(pool)
+    p.observe(record)
     done = step + 1
     failed = history.nonfinite_streak >= config.train.max_nonfinite_steps
     periodic = config.train.eval_every and done % config.train.eval_every == 0
@@ -354,11 +354,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
       last_pass = stats.mean_pass_rate(results)
       if done == steps:
         history.after = results   # recorded in the final checkpoint: the run is finished
-    metrics.update(p.metrics(pool, selected))
+    metrics.update(p.metrics(record))
     metrics.update(timer.seconds)
     run.log.scalars(done, metrics)
-    p.log_rollouts(run.log, done, pool)
-    bar.set_postfix(loss=f"{metrics['loss']:.4g}", reward=f"{_mean_reward(pool):.3f}",
+    p.log_rollouts(run.log, done, record)
+    bar.set_postfix(loss=f"{metrics['loss']:.4g}", reward=f"{metrics['rollout/reward']:.3f}",
                     pass_rate=f"{last_pass:.3f}", refresh=False)
     if failed:
       _stop_nonfinite(run, done)
@@ -369,10 +369,6 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     run.checkpointer.save(0, run.state, run.host_state())
   run.checkpointer.close()
   return _report(run.log, history)
-
-
-def _mean_reward(pool) -> float:
-  return float(np.mean([np.mean(g.rewards) for g in pool]))
 
 
 def _stop_nonfinite(run: Run, done: int) -> None:

@@ -60,7 +60,9 @@ class Event(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-  """One prompt: an environment instance (RISED) or a rubric question (CriPO)."""
+  """One environment instance: the environment's name, its seed and difficulty knobs.
+
+  (A rubric question is a `rubric_tasks.RubricTask`, not a Task.)"""
 
   env: str
   seed: int
@@ -103,9 +105,6 @@ class Trajectory:
   reward: float
   truncated: bool = False           # ran out of turn or token budget (counts as failure)
   hint: str = ""                    # guidance text that was in the rollout prompt, if any
-  tags: np.ndarray | None = None    # multi-hot over the rubric vocabulary, set by the judge
-  untagged: bool = False            # the judge failed on this rollout
-  criteria: np.ndarray | None = None  # CriPO: per-criterion verdicts r_ij ∈ {0, 1}
 
   @property
   def events(self) -> list[str]:
@@ -116,15 +115,20 @@ class Trajectory:
     return int(sum(self.loss_mask))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Group:
-  """G rollouts of the same task; the unit that advantages and selection work on."""
+  """G rollouts of the same task: what the rollouts were, nothing the later stages decided.
 
-  task: Task
+  Advantages, selection, judgements and teacher contexts live in the pipeline's per-step record
+  (`rised_jax.pipelines`). `system_prompt` and `first_observation` are what the environment
+  showed before the first action (the hint-free prompt and teacher prefixes are built from
+  them without resetting an environment again); empty for rubric questions.
+  """
+
+  task: Any                         # `Task`, or `rubric_tasks.RubricTask` for rubric questions
   trajectories: list[Trajectory]
-  advantages: np.ndarray | None = None   # [G], set by the advantage stage
-  selected: bool = False
-  teacher_prefix: str | None = None      # set when a teacher applies to this group
+  system_prompt: str = ""
+  first_observation: str = ""
 
   @property
   def rewards(self) -> np.ndarray:
@@ -134,20 +138,28 @@ class Group:
   def successes(self) -> np.ndarray:
     return np.asarray([t.success for t in self.trajectories], np.float32)
 
-  def profile(self, num_tags: int, with_success: bool = False) -> np.ndarray:
-    """φ_g: the mean tag vector of the tagged rollouts (zeros if none is tagged)."""
-    tagged = [t.tags for t in self.trajectories if t.tags is not None and not t.untagged]
-    phi = np.mean(tagged, axis=0).astype(np.float32) if tagged else np.zeros(num_tags, np.float32)
-    if with_success:
-      phi = np.concatenate([phi, [self.successes.mean()]]).astype(np.float32)
-    return phi
+
+@dataclasses.dataclass(frozen=True)
+class GroupTags:
+  """The tag judge's answer for one group: one multi-hot row per rollout.
+
+  tags      float32 [G, V] over the rubric vocabulary (a zero row where unjudged)
+  unjudged  bool [G]: the judge gave no usable verdict for that rollout
+  """
+
+  tags: np.ndarray
+  unjudged: np.ndarray
+
+  @property
+  def judged(self) -> np.ndarray:
+    return ~np.asarray(self.unjudged, bool)
 
 
 @dataclasses.dataclass
 class Verdict:
   """A judge's answer for one rollout."""
 
-  tags: np.ndarray                 # multi-hot over the vocabulary (zeros when untagged)
-  untagged: bool = False           # the answer was unusable
+  tags: np.ndarray                 # multi-hot over the vocabulary (zeros when unjudged)
+  unjudged: bool = False           # the answer was unusable: no verdict
   unknown_tags: Sequence[str] = () # names in the answer that are not in the vocabulary
   raw: str = ""                    # the judge's raw answer, for the logs

@@ -1,18 +1,28 @@
 """Pipelines: the algorithm-specific stages that the trainer's loop calls.
 
-A pipeline turns a training step's tasks into trainable rows. The trainer calls, in order:
+A pipeline turns a training step's tasks into trainable rows. Each stage takes the step's
+record and returns a new one (`dataclasses.replace`); no stage mutates the pool or a record.
+The record is the pipeline's own frozen dataclass (`AgenticStep`, `RubricStep`); it has at
+least `step` and `pool` (the rollouts, `types.Group`: rollout facts only). The trainer calls,
+in order:
 
-  roll_out(step)                 -> pool: list[Group]    sample tasks, generate rollouts
-  judge(pool)                    -> metrics              tags (RISED) or criterion verdicts (CriPO)
-  advantages(pool)               -> None                 group advantages from the rewards
-  select(pool, step)             -> selected groups      which groups are trained on
-  teach(selected, pool, step)    -> metrics              teacher contexts for the selected groups
-  rows(selected)                 -> list[batching.Row]   student / teacher rows to train on
-  observe(pool)                  -> None                 memories updated after the step (guidance)
+  roll_out(step)                 -> record   sample tasks, generate rollouts (+ fault counters)
+  judge(record)                  -> record   tags (RISED) or criterion verdicts and rewards (CriPO)
+  advantages(record)             -> record   group advantages from the rewards
+  select(record)                 -> record   which groups are trained on
+  teach(record)                  -> record   teacher contexts for the selected groups
+  rows(record)                   -> list[batching.Row]   student / teacher rows to train on
+  observe(record)                -> None     memories updated after the step (guidance)
+  metrics(record)                -> metrics  everything the step logs about its stages
+                                             (faults, judge and teacher counters, diagnostics;
+                                             `rollout/reward` always)
+  log_rollouts(log, step, record)-> None     what the run log records of the pool
   evaluate()                     -> {name: results}      held-out pass rates (never with hints)
-  metrics(pool, selected)        -> metrics              per-step diagnostics
-  log_rollouts(log, step, pool)  -> None                 what the run log records of the pool
   host_state()                   -> {name: HostState}    what a checkpoint must carry
+
+`roll_out` touches only the rollout side (task cursor, rollout loop, engine): the trainer may
+run it for step t + 1 in a background thread while step t trains (`rollout.async_steps`), so
+the stages after it must not use the engine or the rollout loop's environments.
 
 `config.pipeline` names one of `PIPELINES`; the presets of `rised_jax.config` choose it.
 """
@@ -28,23 +38,29 @@ from rised_jax.runlog import RunLog
 from rised_jax.types import Group
 
 
+class StepRecord(Protocol):
+  """What every pipeline's per-step record has; the rest of its fields are its own."""
+
+  step: int
+  pool: Sequence[Group]
+
+
 class Pipeline(Protocol):
 
   # The last evaluation's per-episode records (runlog's eval_episodes.jsonl); [] where the
   # pipeline keeps none.
   eval_episodes: list[dict[str, Any]]
 
-  def roll_out(self, step: int) -> list[Group]: ...
-  def judge(self, pool: list[Group]) -> dict[str, float]: ...
-  def advantages(self, pool: list[Group]) -> None: ...
-  def select(self, pool: list[Group], step: int) -> list[Group]: ...
-  def teach(self, selected: Sequence[Group], pool: Sequence[Group],
-            step: int) -> dict[str, float]: ...
-  def rows(self, selected: Sequence[Group]) -> list[Row]: ...
-  def observe(self, pool: Sequence[Group]) -> None: ...
+  def roll_out(self, step: int) -> StepRecord: ...
+  def judge(self, record: StepRecord) -> StepRecord: ...
+  def advantages(self, record: StepRecord) -> StepRecord: ...
+  def select(self, record: StepRecord) -> StepRecord: ...
+  def teach(self, record: StepRecord) -> StepRecord: ...
+  def rows(self, record: StepRecord) -> list[Row]: ...
+  def observe(self, record: StepRecord) -> None: ...
   def evaluate(self) -> dict[str, dict[str, float]]: ...
-  def metrics(self, pool: Sequence[Group], selected: Sequence[Group]) -> dict[str, float]: ...
-  def log_rollouts(self, log: RunLog, step: int, pool: Sequence[Group]) -> None: ...
+  def metrics(self, record: StepRecord) -> dict[str, float]: ...
+  def log_rollouts(self, log: RunLog, step: int, record: StepRecord) -> None: ...
   def host_state(self) -> Mapping[str, HostState]: ...
 
 

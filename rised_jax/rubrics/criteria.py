@@ -182,7 +182,7 @@ class CheckerJudge(CriteriaJudge):
 
 def _verdict_value(verdict) -> float | None:
   """1.0 (met), 0.0 (not met) or None (unusable: no answer, garbage, neither or both tags)."""
-  if verdict.untagged:
+  if verdict.unjudged:
     return None
   met, not_met = bool(verdict.tags[0]), bool(verdict.tags[1])
   return float(met) if met != not_met else None

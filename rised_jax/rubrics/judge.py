@@ -1,7 +1,7 @@
 """The judge interface and the machinery shared by the LLM backends (docs/ALGORITHMS.md §2.3).
 
-A judge sets, for every trajectory of the groups it is given, `tags` (multi-hot float32 over
-the vocabulary) and `untagged`, and returns `JudgeStats` counters for the logs.
+A judge returns, for every group it is given, a `GroupTags` (multi-hot float32 rows over the
+vocabulary and which rollouts are unjudged), and `JudgeStats` counters for the logs.
 
 LLM backends share, in `LLMJudge`:
 - the prompt (`JudgePrompt`, a Jinja template) and the lenient parser (`parse_verdict`);
@@ -12,7 +12,7 @@ and in `RemoteJudge` (the HTTP backends):
 - bounded concurrency (a thread pool of `max_concurrency` requests in flight);
 - the retry policy of every model-server client (`rollout.http_retry`: jittered exponential
   backoff, the server's Retry-After honoured) on transient errors (timeouts, connection
-  errors, HTTP 408/429/5xx); a request that still fails marks its rollouts untagged;
+  errors, HTTP 408/429/5xx); a request that still fails marks its rollouts unjudged;
 - configuration errors (HTTP 401/403/404: bad key, no such model or endpoint) raise
   `JudgeError` at once instead of silently untagging every rollout.
 Error texts are scrubbed of the API key's value before they are logged or raised.
@@ -35,7 +35,7 @@ from rised_jax.rollout import http_retry
 from rised_jax.rubrics.parsing import parse_verdict
 from rised_jax.rubrics.prompt import JudgePrompt
 from rised_jax.rubrics.vocabulary import Vocabulary
-from rised_jax.types import Group, Trajectory, Verdict
+from rised_jax.types import Group, GroupTags, Trajectory, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,8 @@ class JudgeError(RuntimeError):
 class JudgeStats:
   """Counters of one `judge` call."""
 
-  judged: int = 0           # trajectories that received a verdict (tagged or untagged)
-  untagged: int = 0         # of those, verdicts that were unusable
+  judged: int = 0           # trajectories the judge was asked about
+  unjudged: int = 0         # of those, verdicts that were unusable
   unknown_tags: int = 0     # tag names in answers that are not in the vocabulary (dropped)
   cache_hits: int = 0       # trajectories answered from the cache (earlier or same call)
   requests: int = 0         # prompts sent to the model (first attempts)
@@ -73,17 +73,23 @@ class Judge(abc.ABC):
                          ) -> tuple[list[Verdict], JudgeStats]:
     """One verdict per trajectory, in order, and the call's counters."""
 
-  def judge(self, groups: Sequence[Group]) -> JudgeStats:
-    """Sets `tags` and `untagged` on every trajectory of `groups`."""
+  def judge(self, groups: Sequence[Group]) -> tuple[list[GroupTags], JudgeStats]:
+    """The tags of every group's rollouts, in order, and the call's counters."""
     trajectories = [t for g in groups for t in g.trajectories]
     verdicts, stats = self.judge_trajectories(trajectories)
-    for traj, verdict in zip(trajectories, verdicts, strict=True):
-      traj.tags = verdict.tags.astype(np.float32)
-      traj.untagged = verdict.untagged
-    if stats.untagged:
-      log.warning("%s judge: %d of %d rollouts untagged (%d failed requests)", self.backend,
-                  stats.untagged, stats.judged, stats.failed_requests)
-    return stats
+    if len(verdicts) != len(trajectories):
+      raise RuntimeError(f"{self.backend} judge: {len(verdicts)} verdicts for "
+                         f"{len(trajectories)} rollouts")
+    if stats.unjudged:
+      log.warning("%s judge: %d of %d rollouts unjudged (%d failed requests)", self.backend,
+                  stats.unjudged, stats.judged, stats.failed_requests)
+    out, start = [], 0
+    for group in groups:
+      mine = verdicts[start:start + len(group.trajectories)]
+      start += len(group.trajectories)
+      out.append(GroupTags(tags=np.stack([v.tags for v in mine]).astype(np.float32),
+                           unjudged=np.asarray([v.unjudged for v in mine], bool)))
+    return out, stats
 
 
 class LLMJudge(Judge):
@@ -132,11 +138,11 @@ class LLMJudge(Judge):
         verdict = parse_verdict(self._cache[key], self.vocab)
       else:
         verdict = parse_verdict(answers[key], self.vocab)
-        if not verdict.untagged and self._cache_size:
+        if not verdict.unjudged and self._cache_size:
           self._cache[key] = verdict.raw
           while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
-      stats.untagged += verdict.untagged
+      stats.unjudged += verdict.unjudged
       stats.unknown_tags += len(verdict.unknown_tags)
       verdicts.append(verdict)
     return verdicts, stats
@@ -218,7 +224,7 @@ class RemoteJudge(LLMJudge):
       if self._classify(e) == FATAL:
         raise JudgeError(f"{self.backend} judge (model {self.model!r}, endpoint "
                          f"{self.endpoint!r}) is misconfigured: {message}") from None
-      log.warning("%s judge: request failed, rollout left untagged: %s", self.backend, message)
+      log.warning("%s judge: request failed, rollout left unjudged: %s", self.backend, message)
       with self._lock:
         stats.failed_requests += 1
       return None

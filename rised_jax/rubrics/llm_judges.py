@@ -112,7 +112,7 @@ class GeminiJudge(RemoteJudge):
   def _request(self, prompt: str) -> Any:
     response = self._client.models.generate_content(model=self.model, contents=prompt,
                                                     config=self._config)
-    # .text is None when the answer was blocked or empty: parsed as untagged.
+    # .text is None when the answer was blocked or empty: parsed as unjudged.
     return response.text or ""
 
   def _classify(self, error: Exception) -> str:
@@ -169,7 +169,7 @@ class OpenAICompatibleJudge(RemoteJudge):
     if not completion.choices:
       return ""
     # The client does not validate the reply: `content` is whatever JSON value the server
-    # sent (a number, an object, NaN); the parser makes any non-text answer untagged.
+    # sent (a number, an object, NaN); the parser makes any non-text answer unjudged.
     return completion.choices[0].message.content
 
   def _classify(self, error: Exception) -> str:
@@ -209,5 +209,5 @@ class InProcessJudge(LLMJudge):
       if len(out) != len(chunk):
         raise ValueError(f"inprocess judge: generate_text returned {len(out)} answers for "
                          f"{len(chunk)} prompts; expected one per prompt")
-      answers += out   # non-text answers are untagged by the parser
+      answers += out   # non-text answers are unjudged by the parser
     return answers

@@ -13,9 +13,9 @@ Shared by every LLM backend. The parser never raises on the answer's content:
 | item spelling an id or a description (any case, `_`/`-`/space alike, bullets and quotes stripped) | that tag |
 | item that is not in the vocabulary or not a string  | dropped, counted in `unknown_tags`       |
 | `{"tags": []}`                                      | a valid verdict: no tag applies          |
-| a non-empty list none of whose items is known       | untagged                                 |
-| empty text, no JSON, truncated JSON, no tags key, wrong type (number, null, bool) | untagged   |
-| not a string at all (None, a number, an object), or over `MAX_ANSWER_CHARS`  | untagged   |
+| a non-empty list none of whose items is known       | unjudged                                 |
+| empty text, no JSON, truncated JSON, no tags key, wrong type (number, null, bool) | unjudged   |
+| not a string at all (None, a number, an object), or over `MAX_ANSWER_CHARS`  | unjudged   |
 | JSON nested deeper than the decoder allows, or a number too long to convert | that candidate skipped |
 
 Parse time is linear in the answer's length: at most `MAX_CANDIDATES` fenced blocks and
@@ -55,17 +55,17 @@ _SUMMARY.maxlist = _SUMMARY.maxdict = 4
 
 
 def parse_verdict(text: Any, vocab: Vocabulary) -> Verdict:
-  """Parses a judge answer; unusable answers (of any type) give `Verdict(untagged=True)`."""
+  """Parses a judge answer; unusable answers (of any type) give `Verdict(unjudged=True)`."""
   if not isinstance(text, str):
     raw = "" if text is None else f"<not text: {_summary(text)}>"
-    return Verdict(tags=np.zeros(len(vocab), np.float32), untagged=True, raw=raw)
+    return Verdict(tags=np.zeros(len(vocab), np.float32), unjudged=True, raw=raw)
   raw = text
-  untagged = Verdict(tags=np.zeros(len(vocab), np.float32), untagged=True, raw=raw)
+  unjudged = Verdict(tags=np.zeros(len(vocab), np.float32), unjudged=True, raw=raw)
   if len(raw) > MAX_ANSWER_CHARS:
-    return untagged
+    return unjudged
   items = _find_tag_items(raw)
   if items is None:
-    return untagged
+    return unjudged
   tags = np.zeros(len(vocab), np.float32)
   unknown = []
   for item in items:
@@ -75,8 +75,8 @@ def parse_verdict(text: Any, vocab: Vocabulary) -> Verdict:
     else:
       tags[index] = 1.0
   if items and not tags.any():
-    return Verdict(tags=tags, untagged=True, unknown_tags=tuple(unknown), raw=raw)
-  return Verdict(tags=tags, untagged=False, unknown_tags=tuple(unknown), raw=raw)
+    return Verdict(tags=tags, unjudged=True, unknown_tags=tuple(unknown), raw=raw)
+  return Verdict(tags=tags, unjudged=False, unknown_tags=tuple(unknown), raw=raw)
 
 
 def _summary(value: Any) -> str:

@@ -39,7 +39,7 @@ inefficient) and `makes_progress`, `recovers_from_mistakes` and `uses_feedback` 
 winning turn; the README gives the tags' predictability per environment before and after.
 
 A vocabulary without some of these ids simply never gets them; a vocabulary with none of
-them is refused. Rule-based verdicts are never untagged.
+them is refused. Rule-based verdicts are never unjudged.
 """
 from __future__ import annotations
 
