@@ -192,17 +192,17 @@ def run_ours_agentic(args: argparse.Namespace, tokenizer) -> dict[str, Any]:
   for step in range(args.warmup + args.iters):
     # The stages of trainer.train, in its order (no evaluation, logging or checkpoint).
     timer = StageTimer()
-    pool = timer("rollout", lambda: pipeline.roll_out(step))
-    timer("judge", lambda: pipeline.judge(pool))
-    timer("advantages", lambda: pipeline.advantages(pool))
-    selected = timer("select", lambda: pipeline.select(pool, step))
-    timer("teacher", lambda: pipeline.teach(selected, pool, step))
-    batch = timer("batch", lambda: trainer.assemble(run, pipeline.rows(selected)))
+    record = timer("rollout", lambda: pipeline.roll_out(step))
+    record = timer("judge", lambda: pipeline.judge(record))
+    record = timer("advantages", lambda: pipeline.advantages(record))
+    record = timer("select", lambda: pipeline.select(record))
+    record = timer("teacher", lambda: pipeline.teach(record))
+    batch = timer("batch", lambda: trainer.assemble(run, pipeline.rows(record)))
     metrics = timer("step", lambda: trainer.update(run, batch, compiled))
     if metrics["skipped_nonfinite"]:
       raise RuntimeError(f"ours-agentic: the step at iteration {step} was non-finite")
     timer("sync", lambda: trainer.sync_weights(run, step + 1))
-    pipeline.observe(pool)
+    pipeline.observe(record)
     if step >= args.warmup:
       iterations.append(timer.seconds)
       tokens.append(int(np.asarray(batch["loss_mask"]).sum()))

@@ -72,7 +72,7 @@ class TagFrequency:
   steps: np.ndarray       # [S] int, the steps with rollouts of this environment
   tags: list[str]         # [T] tag ids, in vocabulary order
   frequency: np.ndarray   # [S, T] share of the step's tagged rollouts with each tag (NaN: none)
-  tagged: np.ndarray      # [S] int, tagged rollouts (judged, not untagged)
+  tagged: np.ndarray      # [S] int, tagged rollouts (judged, not unjudged)
   rollouts: np.ndarray    # [S] int, all rollouts
 
 
@@ -172,7 +172,7 @@ def tag_ids(run: Run) -> list[str]:
 def tag_frequencies(run: Run, *, selected_only: bool = False) -> dict[str, TagFrequency]:
   """Per environment and step, the share of tagged rollouts carrying each tag.
 
-  Rollouts the judge did not tag (tags null, or untagged) are left out of the share; a step
+  Rollouts the judge did not tag (tags null, or unjudged) are left out of the share; a step
   with none tagged gets a NaN row. selected_only=True counts only the selected groups.
   """
   columns = tag_ids(run)
@@ -180,13 +180,13 @@ def tag_frequencies(run: Run, *, selected_only: bool = False) -> dict[str, TagFr
   # (env, step) -> [tag counts over tagged rollouts, tagged rollouts, all rollouts]
   cells: dict[tuple[str, int], list[Any]] = {}
   for i, record in enumerate(run.rollouts):
-    env, step, tags, untagged, selected = _fields(
-        record, ("env", "step", "tags", "untagged", "selected"), runlog.ROLLOUTS_FILE, i)
+    env, step, tags, unjudged, selected = _fields(
+        record, ("env", "step", "tags", "unjudged", "selected"), runlog.ROLLOUTS_FILE, i)
     if selected_only and not selected:
       continue
     cell = cells.setdefault((env, step), [np.zeros(len(columns)), 0, 0])
     cell[2] += 1
-    if tags is None or untagged:
+    if tags is None or unjudged:
       continue
     cell[1] += 1
     for tag in tags:
@@ -312,7 +312,7 @@ TRAINING_PANELS: tuple[tuple[str, str], ...] = (
     ("KL to the teacher (distillation)", r"^(distill_loss|ref_kl)$"),
     ("entropy", r"^entropy$"),
     ("rollout reward and success", r"^rollout/(.+/success|reward|pass_rate)$"),
-    ("skipped / dropped", r"^(?!time/).*(skipped|dropped|unusable|untagged|failed|"
+    ("skipped / dropped", r"^(?!time/).*(skipped|dropped|unusable|unjudged|failed|"
                           r"zero_variance|truncated).*$"),
 )
 

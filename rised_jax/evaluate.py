@@ -32,7 +32,7 @@ from rised_jax import envs
 from rised_jax.rollout.agent_loop import AgentLoop, EnvironmentFailure
 from rised_jax.rollout.env_pool import EnvError
 from rised_jax.stats import wilson_interval
-from rised_jax.types import Group, Task
+from rised_jax.types import Group, GroupTags, Task
 from rised_jax.checks import is_int
 
 # Seeds scanned per requested instance before concluding the instance space is too small.
@@ -117,29 +117,31 @@ def add_env_errors(results: dict[str, dict[str, float]], tasks: Sequence[Task],
   return results
 
 
-def episode_records(groups: Sequence[Group], vocab=None) -> list[dict[str, Any]]:
-  """One record per evaluation episode (see the module docstring); `vocab` names the tags."""
+def episode_records(groups: Sequence[Group], tags: Sequence[GroupTags] | None = None,
+                    vocab=None) -> list[dict[str, Any]]:
+  """One record per evaluation episode (see the module docstring); `tags[k]` is a judge's
+  answer for `groups[k]` (None: not judged), `vocab` names the tags."""
+  if tags is not None and len(tags) != len(groups):
+    raise ValueError(f"episode_records: {len(tags)} GroupTags for {len(groups)} groups")
   records = []
-  for group in groups:
+  for k, group in enumerate(groups):
     task = group.task
     key = envs.instance_key(task.env, task.seed, task.difficulty)
     for sample, traj in enumerate(group.trajectories):
-      tags = None if traj.tags is None or vocab is None else vocab.ids_of(traj.tags)
+      named = (None if tags is None or vocab is None or tags[k].unjudged[sample]
+               else vocab.ids_of(tags[k].tags[sample]))
       records.append({"env": task.env, "instance": key, "seed": int(task.seed),
                       "sample": sample, "success": bool(traj.success), "turns": len(traj.turns),
-                      "actions": [turn.action_text for turn in traj.turns], "tags": tags})
+                      "actions": [turn.action_text for turn in traj.turns], "tags": named})
   return records
 
 
 def evaluate(loop: AgentLoop, env_names: Sequence[str],
              difficulty: Mapping[str, Mapping[str, Any]], *, episodes: int, seed_offset: int,
-             seed: int = 0, samples: int = 1, judge=None
+             seed: int = 0, samples: int = 1
              ) -> tuple[dict[str, dict[str, float]], list[Group]]:
-  """Pass rate per environment on the held-out instances, and the evaluated groups (judged
-  by `judge` when given); each environment's results hold its "env_errors". No hints:
-  `loop.run(..., hints=None)`."""
+  """Pass rate per environment on the held-out instances, and the evaluated groups; each
+  environment's results hold its "env_errors". No hints: `loop.run(..., hints=None)`."""
   tasks = eval_tasks(env_names, difficulty, episodes, seed_offset)
   groups = loop.run(tasks, group_size=samples, hints=None, seed=seed, desc="eval")
-  if judge is not None:
-    judge.judge(groups)
   return add_env_errors(pass_rates(groups), tasks, loop.env_errors), groups

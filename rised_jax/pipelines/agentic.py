@@ -25,6 +25,7 @@ and the rollouts the judge left unjudged (`rollout/groups_dropped`, `rollout/ser
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from typing import Any, Mapping, Sequence
@@ -36,12 +37,11 @@ from rised_jax.config import step_config
 from rised_jax.learn import advantages as advantages_lib
 from rised_jax.learn.batching import Row
 from rised_jax.rollout import engines
-from rised_jax.rollout.agent_loop import AgentLoop, make_env
+from rised_jax.rollout.agent_loop import AgentLoop
 from rised_jax.rollout.base import SamplingParams
 from rised_jax.rollout.text import judge_options
 from rised_jax.rubrics import rule_judge
-from rised_jax.rubrics.profiles import is_tagged
-from rised_jax.types import Group
+from rised_jax.types import Group, GroupTags
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +66,12 @@ class Progress:
     self.rollouts = 0
     self.agent_tokens = 0
 
-  def add(self, pool: Sequence[Group]) -> dict[str, float]:
+  def add(self, pool: Sequence[Group]) -> None:
     trajectories = [t for g in pool for t in g.trajectories]
     self.rollouts += len(trajectories)
     self.agent_tokens += sum(int(t.num_agent_tokens) for t in trajectories)
+
+  def as_metrics(self) -> dict[str, float]:
     return {"progress/rollouts": float(self.rollouts),
             "progress/agent_tokens": float(self.agent_tokens)}
 
@@ -91,6 +93,30 @@ def check_config(config) -> None:
   teach.check_config(config, step_config(config).distills)
   envs.check_config(config)
   engines.check_config(config)
+
+
+@dataclasses.dataclass(frozen=True)
+class AgenticStep:
+  """What one step's stages produced (each stage returns a copy with its own fields set).
+
+  pool              the rollout groups (rollout facts only)
+  faults            the roll-out's fault counters (rollout/…)
+  tags              the judge's `GroupTags` per group; judge_stats its counters (judge/…)
+  advantages        [K, G] float32 group advantages of the rewards
+  chosen            indices into `pool` of the groups trained on, in selection order
+  teacher_prefixes  per chosen group, the positive teacher's prefix text (None: no teacher);
+                    () when the pipeline has no teacher; teacher_sources its counters
+  """
+
+  step: int
+  pool: tuple[Group, ...]
+  faults: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  tags: tuple[GroupTags, ...] = ()
+  judge_stats: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  advantages: np.ndarray | None = None
+  chosen: tuple[int, ...] = ()
+  teacher_prefixes: tuple[str | None, ...] = ()
+  teacher_sources: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 class AgenticPipeline:
@@ -119,10 +145,9 @@ class AgenticPipeline:
                                          config.train.steps * config.select.pool_groups):
       warnings.warn(message, stacklevel=2)
     self.eval_episodes: list[dict[str, Any]] = []   # the last evaluation's episode records
-    self.faults: dict[str, float] = {}   # the last roll-out's fault counters
     self.progress = Progress()
 
-  def roll_out(self, step: int) -> list[Group]:
+  def roll_out(self, step: int) -> AgenticStep:
     tasks = self.tasks.next(self.config.select.pool_groups)
     hints = None
     if self.guidance is not None:
@@ -130,50 +155,47 @@ class AgenticPipeline:
     retries = self.loop.engine.server_retries
     pool = self.loop.run(tasks, self.config.rollout.group_size, hints=hints,
                          seed=self.config.seed * 1_000_003 + step)
-    self.faults = {"rollout/server_retries": float(self.loop.engine.server_retries - retries),
-                   "rollout/groups_dropped": float(self.loop.groups_dropped),
-                   "rollout/env_errors": float(len(self.loop.env_errors))}
+    faults = {"rollout/server_retries": float(self.loop.engine.server_retries - retries),
+              "rollout/groups_dropped": float(self.loop.groups_dropped),
+              "rollout/env_errors": float(len(self.loop.env_errors))}
     if not pool:
       raise RuntimeError(f"step {step}: every one of the {len(tasks)} rollout groups was "
                          "dropped because engine requests failed after their retries (see the "
                          "log for the server's errors)")
-    return pool
+    return AgenticStep(step=step, pool=tuple(pool), faults=faults)
 
-  def judge(self, pool: list[Group]) -> dict[str, float]:
-    stats = self.judge_backend.judge(pool)
-    return {f"judge/{k}": float(v) for k, v in stats.as_dict().items()}
+  def judge(self, record: AgenticStep) -> AgenticStep:
+    tags, stats = self.judge_backend.judge(record.pool)
+    return dataclasses.replace(record, tags=tuple(tags), judge_stats={
+        f"judge/{k}": float(v) for k, v in stats.as_dict().items()})
 
-  def advantages(self, pool: list[Group]) -> None:
+  def advantages(self, record: AgenticStep) -> AgenticStep:
     estimator = advantages_lib.ADVANTAGES[self.config.advantage]
-    values = np.asarray(estimator(np.stack([g.rewards for g in pool])))
-    for group, adv in zip(pool, values):
-      group.advantages = adv
+    values = np.asarray(estimator(np.stack([g.rewards for g in record.pool])), np.float32)
+    return dataclasses.replace(record, advantages=values)
 
-  def select(self, pool: list[Group], step: int) -> list[Group]:
-    chosen = self.selector.select(pool, self.config.select.batch_groups, step)
-    for i in chosen:
-      pool[i].selected = True
-    return [pool[i] for i in chosen]
+  def select(self, record: AgenticStep) -> AgenticStep:
+    chosen = self.selector.select(record.pool, self.config.select.batch_groups, record.step,
+                                  record.tags)
+    return dataclasses.replace(record, chosen=tuple(chosen))
 
-  def teach(self, selected: Sequence[Group], pool: Sequence[Group],
-            step: int) -> dict[str, float]:
+  def teach(self, record: AgenticStep) -> AgenticStep:
     if self.teacher is None:
-      return {}
-    sources = self.teacher.assign(selected, pool, lambda task: make_env(task).system_prompt,
-                                  step)
-    return {f"teacher/{k}": float(v) for k, v in sources.items()}
+      return record
+    prefixes, sources = self.teacher.assign(record.chosen, record.pool, record.tags, record.step)
+    return dataclasses.replace(record, teacher_prefixes=tuple(prefixes), teacher_sources={
+        f"teacher/{k}": float(v) for k, v in sources.items()})
 
-  def rows(self, selected: Sequence[Group]) -> list[Row]:
+  def rows(self, record: AgenticStep) -> list[Row]:
     rows = []
     chat = self.loop.chat
-    for group in selected:
-      env = self.loop.envs.acquire(group.task)   # the rollouts' instances (a remote session)
-      first_observation = env.reset(group.task.seed)
-      self.loop.envs.release(group.task, env)
-      teacher_ids = (None if group.teacher_prefix is None
-                     else chat.prompt_ids(group.teacher_prefix, first_observation))
-      plain_prefix = chat.prompt_ids(env.system_prompt, first_observation)
-      for traj, adv in zip(group.trajectories, group.advantages):
+    prefixes = record.teacher_prefixes or (None,) * len(record.chosen)
+    for i, teacher_prefix in zip(record.chosen, prefixes, strict=True):
+      group = record.pool[i]
+      teacher_ids = (None if teacher_prefix is None
+                     else chat.prompt_ids(teacher_prefix, group.first_observation))
+      plain_prefix = chat.prompt_ids(group.system_prompt, group.first_observation)
+      for traj, adv in zip(group.trajectories, record.advantages[i]):
         prefix = (traj.token_ids[:traj.prompt_len] if self.config.guidance.train_with_hint
                   else plain_prefix)
         rows.append(Row(
@@ -183,51 +205,63 @@ class AgenticPipeline:
             advantage=float(adv), teacher_prefix_ids=teacher_ids))
     return rows
 
-  def observe(self, pool: Sequence[Group]) -> None:
+  def observe(self, record: AgenticStep) -> None:
     if self.guidance is not None:
-      self.guidance.update(pool)
+      self.guidance.update(record.pool, record.tags)
+    self.progress.add(record.pool)
 
   def evaluate(self) -> dict[str, dict[str, float]]:
     """Pass rates; the episodes' records (tags from the rule judge only: an LLM judge would
     cost requests per evaluation) are kept in `eval_episodes`."""
-    judge = self.judge_backend if self.config.judge.backend == "rules" else None
     results, groups = evaluate.evaluate(
         self.eval_loop, self.config.envs.names, self.config.envs.difficulty.to_dict(),
         episodes=self.config.eval.episodes_per_env, seed_offset=self.config.eval.seed_offset,
-        seed=self.config.seed, samples=self.eval_samples, judge=judge)
-    self.eval_episodes = evaluate.episode_records(groups, self.vocab)
+        seed=self.config.seed, samples=self.eval_samples)
+    tags = (self.judge_backend.judge(groups)[0] if self.config.judge.backend == "rules"
+            else None)
+    self.eval_episodes = evaluate.episode_records(groups, tags, self.vocab)
     if self.eval_loop.groups_dropped:   # the results' episode counts show which envs lost them
       log.warning("evaluation: %d instances dropped (failed engine requests or environment "
                   "errors; see eval/{env}/env_errors)",
                   self.eval_loop.groups_dropped)
     return results
 
-  def metrics(self, pool: Sequence[Group], selected: Sequence[Group]) -> dict[str, float]:
-    metrics = {}
+  def metrics(self, record: AgenticStep) -> dict[str, float]:
+    pool, metrics = record.pool, {}
     for env in sorted({g.task.env for g in pool}):
-      groups = [g for g in pool if g.task.env == env]
-      metrics[f"rollout/{env}/success"] = float(np.mean([g.successes.mean() for g in groups]))
-      tagged = [t for g in groups for t in g.trajectories if is_tagged(t)]
-      if tagged:   # how much the profiles reveal the reward (rule_judge.success_predictability)
+      members = [k for k, g in enumerate(pool) if g.task.env == env]
+      metrics[f"rollout/{env}/success"] = float(np.mean([pool[k].successes.mean()
+                                                         for k in members]))
+      judged = [(record.tags[k].tags[r], pool[k].trajectories[r].success) for k in members
+                for r in np.flatnonzero(record.tags[k].judged)]
+      if judged:   # how much the profiles reveal the reward (rule_judge.success_predictability)
         accuracy, base_rate = rule_judge.success_predictability(
-            np.stack([t.tags for t in tagged]), np.asarray([t.success for t in tagged]))
+            np.stack([t for t, _ in judged]), np.asarray([s for _, s in judged]))
         metrics[f"judge/{env}/success_from_tags"] = accuracy
         metrics[f"judge/{env}/success_base_rate"] = base_rate
       if self.guidance is not None:
         metrics[f"guidance/{env}/active_tags"] = float(len(self.guidance.active_tags(env)))
     trajectories = [t for g in pool for t in g.trajectories]
-    metrics["select/zero_variance_groups"] = float(sum(np.ptp(g.rewards) == 0 for g in selected))
+    metrics["select/zero_variance_groups"] = float(sum(np.ptp(pool[i].rewards) == 0
+                                                       for i in record.chosen))
+    metrics["rollout/reward"] = float(np.mean([t.reward for t in trajectories]))
     metrics["rollout/agent_tokens"] = float(sum(t.num_agent_tokens for t in trajectories))
     metrics["rollout/truncated"] = float(np.mean([t.truncated for t in trajectories]))
     metrics["rollout/hinted"] = float(np.mean([bool(t.hint) for t in trajectories]))
-    metrics["judge/failed"] = float(sum(t.untagged for t in trajectories))
-    metrics.update(self.faults)
-    metrics.update(self.progress.add(pool))
+    metrics["judge/failed"] = float(sum(t.unjudged.sum() for t in record.tags))
+    metrics.update(record.faults)
+    metrics.update(record.judge_stats)
+    metrics.update(record.teacher_sources)
+    metrics.update(self.progress.as_metrics())
     return metrics
 
-  def log_rollouts(self, log: runlog.RunLog, step: int, pool: Sequence[Group]) -> None:
+  def log_rollouts(self, log: runlog.RunLog, step: int, record: AgenticStep) -> None:
     """Every rollout of the pool, its tags named by the judge's vocabulary."""
-    log.rollouts(step, pool, self.vocab)
+    chosen = dict(zip(record.chosen, record.teacher_prefixes or (None,) * len(record.chosen)))
+    notes = [runlog.GroupNotes(selected=k in chosen, teacher=chosen.get(k) is not None,
+                               tags=tags.tags, unjudged=tuple(tags.unjudged))
+             for k, tags in enumerate(record.tags)]
+    log.rollouts(step, record.pool, notes, self.vocab)
 
   def host_state(self) -> Mapping[str, Any]:
     state = {"tasks": self.tasks, "selector": self.selector, "progress": self.progress}

@@ -107,6 +107,8 @@ class _Episode:
   done: bool = False
   failed: bool = False   # a request of this episode failed: its group is dropped
   env_error: EnvError | None = None   # its environment raised: its group is dropped
+  system_prompt: str = ""      # what the environment showed before the first action
+  first_observation: str = ""
 
   def to_trajectory(self) -> Trajectory:
     return Trajectory(task=self.task, token_ids=self.token_ids, loss_mask=self.loss_mask,
@@ -224,7 +226,9 @@ class AgentLoop:
     for episode in episodes:
       self._release(episode)
     groups = [episodes[i * group_size:(i + 1) * group_size] for i in range(len(tasks))]
-    kept = [Group(task=task, trajectories=[e.to_trajectory() for e in group])
+    kept = [Group(task=task, trajectories=[e.to_trajectory() for e in group],
+                  system_prompt=group[0].system_prompt,
+                  first_observation=group[0].first_observation)
             for task, group in zip(tasks, groups)
             if not any(e.failed or e.env_error for e in group)]
     self.groups_dropped = len(tasks) - len(kept)
@@ -280,6 +284,7 @@ class AgentLoop:
       except Exception as error:  # any environment failure  # pylint: disable=broad-except
         self._env_failed(episode, "reset", error)
         continue
+      episode.system_prompt, episode.first_observation = system_prompt, observation
       if prompt is None:  # the G rollouts of a task share one prompt
         prompt = self.chat.prompt_ids(join_system_text(system_prompt, hint), observation)
         if len(prompt) >= self.max_total_tokens:

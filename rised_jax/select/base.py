@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rised_jax.types import Group
+from rised_jax.types import Group, GroupTags
 
 
 class Selector(abc.ABC):
@@ -27,8 +27,12 @@ class Selector(abc.ABC):
       raise ValueError(f"selector {self.name!r}: seed={seed!r}; expected a non-negative int")
     self.seed = int(seed)
 
-  def select(self, pool: Sequence[Group], batch_size: int, step: int) -> list[int]:
-    """Distinct indices of the chosen groups, in the order they were chosen."""
+  def select(self, pool: Sequence[Group], batch_size: int, step: int,
+             tags: Sequence[GroupTags] | None = None) -> list[int]:
+    """Distinct indices of the chosen groups, in the order they were chosen.
+
+    `tags[k]` is the judge's answer for `pool[k]` (selectors that read profiles need it;
+    None: no rollout is judged)."""
     if not isinstance(batch_size, (int, np.integer)) or batch_size < 0:
       raise ValueError(f"selector {self.name!r}: batch_size={batch_size!r}; expected an int >= 0")
     if not isinstance(step, (int, np.integer)) or step < 0:
@@ -37,7 +41,10 @@ class Selector(abc.ABC):
       if not isinstance(group, Group):
         raise TypeError(f"selector {self.name!r}: pool[{i}] is {type(group).__name__}; "
                         "expected rised_jax.types.Group")
-    chosen = [int(i) for i in self._select(pool, int(batch_size), int(step),
+    if tags is not None and len(tags) != len(pool):
+      raise ValueError(f"selector {self.name!r}: {len(tags)} GroupTags for a pool of "
+                       f"{len(pool)} groups")
+    chosen = [int(i) for i in self._select(pool, tags, int(batch_size), int(step),
                                            np.random.default_rng([self.seed, int(step)]))]
     if len(set(chosen)) != len(chosen) or len(chosen) > batch_size or not all(
         0 <= i < len(pool) for i in chosen):
@@ -46,8 +53,8 @@ class Selector(abc.ABC):
     return chosen
 
   @abc.abstractmethod
-  def _select(self, pool: Sequence[Group], batch_size: int, step: int,
-              rng: np.random.Generator) -> Sequence[int]:
+  def _select(self, pool: Sequence[Group], tags: Sequence[GroupTags] | None, batch_size: int,
+              step: int, rng: np.random.Generator) -> Sequence[int]:
     """The selection itself; arguments are validated."""
 
   def state_dict(self) -> dict[str, Any]:

@@ -17,22 +17,22 @@ import numpy as np
 
 from rised_jax.select.base import Selector, check_choice
 from rised_jax.select.rised import greedy_select
-from rised_jax.types import Group
+from rised_jax.types import Group, GroupTags
 
 
 class UniformSelector(Selector):
   name = "uniform"
 
-  def _select(self, pool: Sequence[Group], batch_size: int, step: int,
-              rng: np.random.Generator) -> Sequence[int]:
+  def _select(self, pool: Sequence[Group], tags: Sequence[GroupTags] | None, batch_size: int,
+              step: int, rng: np.random.Generator) -> Sequence[int]:
     return range(min(batch_size, len(pool)))
 
 
 class RandomSelector(Selector):
   name = "random"
 
-  def _select(self, pool: Sequence[Group], batch_size: int, step: int,
-              rng: np.random.Generator) -> Sequence[int]:
+  def _select(self, pool: Sequence[Group], tags: Sequence[GroupTags] | None, batch_size: int,
+              step: int, rng: np.random.Generator) -> Sequence[int]:
     return rng.permutation(len(pool))[:batch_size]
 
 
@@ -48,8 +48,8 @@ class DapoSelector(Selector):
     self.shortfall = shortfall
     self.eps = eps
 
-  def _select(self, pool: Sequence[Group], batch_size: int, step: int,
-              rng: np.random.Generator) -> Sequence[int]:
+  def _select(self, pool: Sequence[Group], tags: Sequence[GroupTags] | None, batch_size: int,
+              step: int, rng: np.random.Generator) -> Sequence[int]:
     order = rng.permutation(len(pool))
     varied = [int(i) for i in order if pool[i].rewards.std() > self.eps]
     chosen = varied[:batch_size]
@@ -71,8 +71,8 @@ class VarianceSelector(Selector):
     self.mode = mode
     self.floor = floor
 
-  def _select(self, pool: Sequence[Group], batch_size: int, step: int,
-              rng: np.random.Generator) -> Sequence[int]:
+  def _select(self, pool: Sequence[Group], tags: Sequence[GroupTags] | None, batch_size: int,
+              step: int, rng: np.random.Generator) -> Sequence[int]:
     variance = np.asarray([g.rewards.var() for g in pool], np.float64)
     count = min(batch_size, len(pool))
     if self.mode == "proportional":
@@ -86,8 +86,8 @@ class VarianceSelector(Selector):
 class SuccessRateSelector(Selector):
   name = "success_rate"
 
-  def _select(self, pool: Sequence[Group], batch_size: int, step: int,
-              rng: np.random.Generator) -> Sequence[int]:
+  def _select(self, pool: Sequence[Group], tags: Sequence[GroupTags] | None, batch_size: int,
+              step: int, rng: np.random.Generator) -> Sequence[int]:
     if not pool:
       return []
     rates = np.asarray([[g.successes.mean()] for g in pool], np.float64)   # [K, 1]
@@ -143,8 +143,8 @@ class CurriculumSelector(Selector):
       return uniform
     return (1 - self.exploration) * w / w.sum() + self.exploration * uniform
 
-  def _select(self, pool: Sequence[Group], batch_size: int, step: int,
-              rng: np.random.Generator) -> Sequence[int]:
+  def _select(self, pool: Sequence[Group], tags: Sequence[GroupTags] | None, batch_size: int,
+              step: int, rng: np.random.Generator) -> Sequence[int]:
     self.update(pool)
     if not pool:
       return []

@@ -53,9 +53,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rised_jax import envs
-from rised_jax.rubrics.profiles import has_tagged_rollout, pool_profiles
+from rised_jax.rubrics.profiles import has_judged_rollout, pool_profiles
 from rised_jax.select.base import Selector, argmax_with_ties, check_choice
-from rised_jax.types import Group, Task
+from rised_jax.types import Group, GroupTags, Task
 
 
 def instance_of(task: Task) -> str:
@@ -144,13 +144,16 @@ class RisedSelector(Selector):
     self._task_steps: dict[str, int] = {}              # task key -> last step chosen
     self._profiles: list[tuple[int, np.ndarray]] = []  # (step, φ) of recent choices
 
-  def _select(self, pool: Sequence[Group], batch_size: int, step: int,
-              rng: np.random.Generator) -> list[int]:
+  def _select(self, pool: Sequence[Group], tags: Sequence[GroupTags] | None, batch_size: int,
+              step: int, rng: np.random.Generator) -> list[int]:
     if not pool:
       return []
-    profiles = pool_profiles(pool, self.with_success)
+    if tags is None:   # nothing judged: no group has a profile
+      tags = [GroupTags(np.zeros((len(g.trajectories), 0), np.float32),
+                        np.ones(len(g.trajectories), bool)) for g in pool]
+    profiles = pool_profiles(pool, tags, self.with_success)
     order = rng.permutation(len(pool))
-    has_profile = np.asarray([has_tagged_rollout(g) for g in pool])
+    has_profile = np.asarray([has_judged_rollout(t) for t in tags])
     profiled = [int(i) for i in order if has_profile[i]]     # in the step's random order
     chosen = []
     if profiled:

@@ -37,7 +37,7 @@ import numpy as np
 from rised_jax.rubrics.profiles import tag_frequencies
 from rised_jax.rubrics.prompt import load_template
 from rised_jax.rubrics.vocabulary import Vocabulary
-from rised_jax.types import Group
+from rised_jax.types import Group, GroupTags
 
 DEFAULT_TEMPLATE = "guidance_hint.jinja"
 INITS = ("first", "zero")
@@ -67,9 +67,10 @@ class GuidanceMemory:
     self._negative = np.flatnonzero(vocab.negative_mask)
     self._freq: dict[str, np.ndarray] = {}   # env -> [num negative tags]
 
-  def update(self, groups: Sequence[Group]) -> None:
-    """Folds in the negative-tag frequencies of the tagged rollouts of `groups`."""
-    for env, by_tag in tag_frequencies(groups, self.vocab).items():
+  def update(self, groups: Sequence[Group], tags: Sequence[GroupTags]) -> None:
+    """Folds in the negative-tag frequencies of the judged rollouts of `groups` (`tags[k]`:
+    the judge's answer for `groups[k]`)."""
+    for env, by_tag in tag_frequencies(groups, tags, self.vocab).items():
       batch_mean = np.asarray([by_tag[tag] for tag in self.vocab.negative_ids])
       if env not in self._freq:
         self._freq[env] = batch_mean if self.init == "first" else self.rate * batch_mean

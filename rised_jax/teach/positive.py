@@ -31,15 +31,14 @@ Options — this project's reconstruction **[R-choice: which positives, template
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import jinja2
 import numpy as np
 
-from rised_jax.rubrics.profiles import is_tagged
 from rised_jax.rubrics.prompt import load_template
 from rised_jax.rubrics.vocabulary import Vocabulary
-from rised_jax.types import Group, Task
+from rised_jax.types import Group, GroupTags
 
 SOURCES = ("group", "pool", "memory")
 DEFAULT_TEMPLATE = "positive_prefix.jinja"
@@ -49,13 +48,14 @@ GENERIC_BEHAVIOURS = ("Reads the task and the latest observation carefully",
                       "Chooses each action to get closer to the goal")
 
 
-def positive_counts(groups: Sequence[Group], vocab: Vocabulary) -> np.ndarray:
-  """Per vocabulary entry, how many successful tagged rollouts carry it (0 for negatives)."""
+def positive_counts(groups: Sequence[Group], tags: Sequence[GroupTags],
+                    vocab: Vocabulary) -> np.ndarray:
+  """Per vocabulary entry, how many successful judged rollouts carry it (0 for negatives);
+  `tags[k]` is the judge's answer for `groups[k]`."""
   counts = np.zeros(len(vocab), np.int64)
-  for group in groups:
-    for traj in group.trajectories:
-      if traj.success and is_tagged(traj):
-        counts += np.asarray(traj.tags) > 0.5
+  for group, group_tags in zip(groups, tags, strict=True):
+    keep = group.successes.astype(bool) & group_tags.judged
+    counts += (np.asarray(group_tags.tags)[keep] > 0.5).sum(0).astype(np.int64)
   return np.where(vocab.positive_mask, counts, 0)
 
 
@@ -75,13 +75,15 @@ class PositiveMemory:
     self.max_age = max_age
     self.last_seen: dict[str, dict[str, int]] = {}   # env -> tag id -> step
 
-  def update(self, groups: Sequence[Group], step: int) -> None:
-    by_env: dict[str, list[Group]] = {}
-    for group in groups:
-      by_env.setdefault(group.task.env, []).append(group)
-    for env, env_groups in by_env.items():
+  def update(self, groups: Sequence[Group], tags: Sequence[GroupTags], step: int) -> None:
+    by_env: dict[str, list[int]] = {}
+    for k, group in enumerate(groups):
+      by_env.setdefault(group.task.env, []).append(k)
+    for env, members in by_env.items():
       seen = self.last_seen.setdefault(env, {})
-      for tag in ranked_ids(positive_counts(env_groups, self.vocab), self.vocab):
+      counts = positive_counts([groups[k] for k in members], [tags[k] for k in members],
+                               self.vocab)
+      for tag in ranked_ids(counts, self.vocab):
         seen[tag] = step
       self.last_seen[env] = {t: s for t, s in seen.items() if step - s <= self.max_age}
 
@@ -113,16 +115,18 @@ class Positives:
   source: str          # "group", "pool", "memory" or "none"
 
 
-def available_positives(group: Group, pool: Sequence[Group], vocab: Vocabulary,
-                        memory: PositiveMemory | None = None, step: int = 0,
+def available_positives(index: int, pool: Sequence[Group], pool_tags: Sequence[GroupTags],
+                        vocab: Vocabulary, memory: PositiveMemory | None = None, step: int = 0,
                         sources: Sequence[str] = SOURCES) -> Positives:
-  """The first non-empty source of the fallback chain (module docstring)."""
+  """The first non-empty source of the fallback chain (module docstring) for `pool[index]`."""
+  group = pool[index]
   for source in sources:
     if source == "group":
-      tags = ranked_ids(positive_counts([group], vocab), vocab)
+      tags = ranked_ids(positive_counts([group], [pool_tags[index]], vocab), vocab)
     elif source == "pool":
-      others = [g for g in pool if g is not group and g.task.env == group.task.env]
-      tags = ranked_ids(positive_counts(others, vocab), vocab)
+      others = [k for k, g in enumerate(pool) if k != index and g.task.env == group.task.env]
+      tags = ranked_ids(positive_counts([pool[k] for k in others],
+                                        [pool_tags[k] for k in others], vocab), vocab)
     elif source == "memory":
       tags = memory.recall(group.task.env, step) if memory is not None else []
     else:
@@ -133,17 +137,18 @@ def available_positives(group: Group, pool: Sequence[Group], vocab: Vocabulary,
   return Positives((), "none")
 
 
-def positive_teacher_prefix(system_prompt: str, group: Group, pool: Sequence[Group],
-                            vocab: Vocabulary, memory: PositiveMemory | None = None,
+def positive_teacher_prefix(system_prompt: str, index: int, pool: Sequence[Group],
+                            pool_tags: Sequence[GroupTags], vocab: Vocabulary,
+                            memory: PositiveMemory | None = None,
                             step: int = 0, sources: Sequence[str] = SOURCES,
                             max_tags: int | None = None,
                             template: jinja2.Template | None = None,
                             context: str = "rubric") -> tuple[str | None, Positives]:
-  """The teacher prefix for `group` (None when no positive is available) and its source;
+  """The teacher prefix for `pool[index]` (None when no positive is available) and its source;
   `context="generic"` lists `GENERIC_BEHAVIOURS` instead of the positives."""
   if context not in CONTEXTS:
     raise ValueError(f"positive teacher: context={context!r}; expected one of {list(CONTEXTS)}")
-  positives = available_positives(group, pool, vocab, memory, step, sources)
+  positives = available_positives(index, pool, pool_tags, vocab, memory, step, sources)
   if not positives.tags:
     return None, positives
   tags = positives.tags[:max_tags] if max_tags else positives.tags
@@ -174,21 +179,21 @@ class PositiveTeacher:
     self.memory = PositiveMemory(vocab, memory_max_age)
     self.template = load_template(template_path, DEFAULT_TEMPLATE, package="rised_jax.teach")
 
-  def assign(self, selected: Sequence[Group], pool: Sequence[Group],
-             system_prompt: str | Callable[[Task], str], step: int) -> dict[str, int]:
-    """Sets `teacher_prefix` on each selected group, then remembers the pool's positives.
-
-    Returns how many groups took their positives from each source.
-    """
+  def assign(self, chosen: Sequence[int], pool: Sequence[Group], tags: Sequence[GroupTags],
+             step: int) -> tuple[list[str | None], dict[str, int]]:
+    """The teacher prefix of each chosen group (`pool[i]`, in order; None: no teacher), built
+    on the group's own system prompt, and how many groups took their positives from each
+    source; then remembers the pool's positives."""
     counts = {source: 0 for source in (*SOURCES, "none")}
-    for group in selected:
-      prompt = system_prompt(group.task) if callable(system_prompt) else system_prompt
-      group.teacher_prefix, positives = positive_teacher_prefix(
-          prompt, group, pool, self.vocab, self.memory, step, self.sources, self.max_tags,
-          self.template, self.context)
+    prefixes = []
+    for i in chosen:
+      prefix, positives = positive_teacher_prefix(
+          pool[i].system_prompt, i, pool, tags, self.vocab, self.memory, step, self.sources,
+          self.max_tags, self.template, self.context)
+      prefixes.append(prefix)
       counts[positives.source] += 1
-    self.memory.update(pool, step)
-    return counts
+    self.memory.update(pool, tags, step)
+    return prefixes, counts
 
   def state_dict(self) -> dict[str, Any]:
     return {"memory": self.memory.state_dict()}
