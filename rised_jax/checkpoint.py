@@ -51,6 +51,7 @@ class Checkpointer:
             cleanup_tmp_directories=True),
         item_names=("state", "host"))
     self._keep = keep
+    self._closed = False
     self.prune()
 
   def prune(self) -> None:
@@ -115,5 +116,9 @@ class Checkpointer:
     self._manager.wait_until_finished()
 
   def close(self) -> None:
+    """Waits for pending saves and closes; a second call does nothing."""
+    if self._closed:
+      return
+    self._closed = True
     self._manager.wait_until_finished()
     self._manager.close()

@@ -108,6 +108,9 @@ def default_config() -> ml_collections.ConfigDict:
   # JaxEngine decode steps per call (0: one call per turn). Between calls replies holding a
   # stop string end and finished rows leave the batch when the rest fit a smaller bucket.
   c.rollout.decode_chunk = 0
+  # Step t + 1's roll-out runs in a background thread while step t trains (one step stale; the
+  # behaviour log-probs of the policy that sampled it feed the truncated importance weight).
+  c.rollout.async_rollouts = False
   c.rollout.prompt_buckets = [256, 512, 1024, 2048, 4096]
   c.rollout.new_token_buckets = [32, 128, 512]
 

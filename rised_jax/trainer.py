@@ -16,6 +16,17 @@ rollouts) precedes the checkpoint of step s, and a restart rewinds the logs to i
 in the host state *before* the last checkpoint, so that checkpoint is the run's "finished"
 marker: a rerun of a finished run prints its table and does nothing else.
 
+One-step-async roll-outs (`rollout.async_rollouts`, off by default): right after step t's
+judge, step t + 1's roll-out starts in a background thread with the weights of step t, while
+step t's advantages, selection, teachers and update run; the weight sync waits for it. The
+sampler then holds its own copy of the weights (the update donates the state's). Its rollouts
+are one step stale: their behaviour log-probs (those of the policy that sampled them) feed the
+truncated importance weight of the step that trains on them, and the guidance hint they
+carry is the one from before step t's observation. No roll-out is in flight across a
+checkpoint (`may_prefetch`), so a resumed run repeats the uninterrupted one exactly. Logged:
+rollout/policy_lag (1 for a background roll-out), time/rollout (its own duration) and
+time/rollout_wait (how long the step waited for it).
+
 Non-finite steps: the step applies no update when its loss or gradient is not finite
 (`train_step`); the trainer logs `train/skipped_nonfinite` and stops with
 `NonFiniteTrainingError` after `train.max_nonfinite_steps` consecutive ones, without
@@ -23,6 +34,7 @@ checkpointing the failing step.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -291,8 +303,28 @@ def _compile_seconds():
 
 def sync_weights(run: Run, version: int) -> None:
   """The sampler must see the new parameters (the step donated the old buffers), in the compute
-  dtype: the in-process sampler holds them, the SGLang engine exports them."""
-  run.engine.update_weights(run.trainable.compute_model(run.state), version)
+  dtype: the in-process sampler holds them, the SGLang engine exports them. With async
+  rollouts the sampler holds its own copy: it samples step t + 1 while step t donates them."""
+  model = run.trainable.compute_model(run.state, copy=run.config.rollout.async_rollouts)
+  run.engine.update_weights(model, version)
+
+
+def may_prefetch(config: ml_collections.ConfigDict, step: int) -> bool:
+  """Whether step `step + 1`'s roll-out runs in the background while step `step` trains.
+
+  Only with `rollout.async_rollouts`, never past the last step, and never across a checkpoint:
+  the step after a checkpoint rolls out with the checkpointed weights, in the foreground, so a
+  run resumed from that checkpoint repeats exactly what the uninterrupted run did.
+  """
+  done = step + 1
+  return (config.rollout.async_rollouts and done < config.train.steps
+          and done % config.train.checkpoint_every != 0)
+
+
+def _timed_roll_out(pipeline: pipelines.Pipeline, step: int):
+  start = time.perf_counter()
+  record = pipeline.roll_out(step)
+  return record, time.perf_counter() - start
 
 
 def run_evaluation(run: Run, step: int) -> dict[str, dict[str, float]]:
@@ -314,20 +346,44 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     return _report(runlog.RunLog(workdir, enabled=jax.process_index() == 0), finished)
   run = _build(config, workdir)
   start = resume(run)
-  history, steps, p = run.history, config.train.steps, run.pipeline
+  history, steps = run.history, config.train.steps
   if start == 0:
     history.before = run_evaluation(run, 0)
+  # One worker: at most one roll-out runs in the background (the staleness bound of one step).
+  background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout")
+  try:
+    _train_steps(run, start, background)
+  except BaseException:
+    run.checkpointer.close()   # commits the saves of the steps that finished
+    raise
+  finally:
+    background.shutdown(cancel_futures=True)   # no roll-out outlives the run
+  if steps == 0:
+    history.after = run_evaluation(run, 0)
+    run.checkpointer.save(0, run.state, run.host_state())
+  run.checkpointer.close()
+  return _report(run.log, history)
+
+
+def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) -> None:
+  """Steps `start`..train.steps − 1 of `train`; `background` runs the async roll-outs."""
+  config, history, steps, p = run.config, run.history, run.config.train.steps, run.pipeline
   last_pass = stats.mean_pass_rate(history.before)
   compiled_shapes: set = set()
   bar = tqdm.trange(start, steps, initial=start, total=steps, desc="train",
                     disable=jax.process_index() != 0)
+  prefetched = None   # (record, seconds) of this step, rolled out while the last step trained
   for step in bar:
     timer = _StageTimer()
-    metrics: dict[str, float] = {}
-    with timer("rollout"):
-      record = p.roll_out(step)
-    with timer("judge"):
+    metrics: dict[str, float] = {"rollout/policy_lag": float(prefetched is not None)}
+    if prefetched is None:
+      with timer("rollout"):
+        record = p.roll_out(step)
+    else:
+      record, timer.seconds["time/rollout"] = prefetched
+    with timer("judge"):   # before the next roll-out starts: a judge may use the engine
       record = p.judge(record)
+    future = background.submit(_timed_roll_out, p, step + 1) if may_prefetch(config, step) else None
     with timer("advantages"):
       record = p.advantages(record)
     with timer("select"):
@@ -338,6 +394,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
       batch = assemble(run, p.rows(record))
     with timer("step"):
       step_metrics = update(run, batch, compiled_shapes)
+    prefetched = None
+    if future is not None:
+      with timer("rollout_wait"):   # the engine must be idle before it takes new weights
+        prefetched = future.result()
     skipped = step_metrics.pop("skipped_nonfinite")
     metrics.update(step_metrics)
     metrics["train/skipped_nonfinite"] = skipped
@@ -364,11 +424,6 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
       _stop_nonfinite(run, done)
     if done % config.train.checkpoint_every == 0 or done == steps:
       run.checkpointer.save(done, run.state, run.host_state())
-  if steps == 0:
-    history.after = run_evaluation(run, 0)
-    run.checkpointer.save(0, run.state, run.host_state())
-  run.checkpointer.close()
-  return _report(run.log, history)
 
 
 def _stop_nonfinite(run: Run, done: int) -> None:

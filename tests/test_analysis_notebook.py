@@ -14,7 +14,7 @@ from rised_jax.rubrics import profiles
 from rised_jax.rubrics.vocabulary import RubricEntry, Vocabulary
 from rised_jax.runlog import RunLog
 from rised_jax.stats import wilson_interval
-from rised_jax.types import Group, Task, Trajectory, Turn
+from rised_jax.types import Group, GroupTags, Task, Trajectory, Turn
 from tests.run_fixtures import write_run
 
 pytest.importorskip("matplotlib")
@@ -24,14 +24,14 @@ VOCAB = Vocabulary([RubricEntry("valid_syntax", "+", "Uses valid action syntax")
                     RubricEntry("gave_up", "-", "Gives up early"),
                     RubricEntry("loops", "-", "Repeats an action that had no effect")])
 V, G, L = "valid_syntax", "gave_up", "loops"
-UNTAGGED = "untagged"   # a rollout the judge failed on
+UNJUDGED = "unjudged"   # a rollout the judge failed on
 
 # step -> pool of (env, seed, successes, tags per rollout (None: not judged), selected)
 POOLS = {
     1: [("maze", 1, [1, 1], [[V], [V]], True),                   # all-pass
         ("maze", 2, [0, 0], [[G], [G, L]], False),               # all-fail
         ("wordle", 7, [1, 0], [[V], [L]], True)],                # mixed
-    2: [("maze", 3, [1, 0], [[V], UNTAGGED], True),              # mixed
+    2: [("maze", 3, [1, 0], [[V], UNJUDGED], True),              # mixed
         ("wordle", 8, [0, 0], [[G], [G]], True),                 # all-fail
         ("wordle", 9, [1, 1], [[V, L], [V]], False)],            # all-pass
     3: [("maze", 4, [0, 1], [[L], [V]], True),                   # mixed
@@ -49,18 +49,16 @@ EVALS = {0: {"maze": 2, "wordle": 1}, 2: {"maze": 4, "wordle": 2}, 3: {"maze": 6
 
 
 def make_group(env, seed, successes, tags, selected):
-  trajs = []
-  for success, tag in zip(successes, tags):
-    traj = Trajectory(Task(env, seed), [1, 2, 3], [0, 1, 1], [0.0, -0.5, -0.5], 1,
+  """The group and the stages' notes on it (a group is judged whole or not at all)."""
+  trajs = [Trajectory(Task(env, seed), [1, 2, 3], [0, 1, 1], [0.0, -0.5, -0.5], 1,
                       [Turn("a", "o", float(success), True, False, [])], success=bool(success),
-                      reward=float(success))
-    if tag == UNTAGGED:
-      traj.tags, traj.untagged = np.zeros(len(VOCAB), np.float32), True
-    elif tag is not None:
-      traj.tags = VOCAB.multi_hot(tag)
-    trajs.append(traj)
-  return Group(Task(env, seed), trajs, selected=selected,
-               teacher_prefix="Behaviours that succeed here: …" if selected else None)
+                      reward=float(success)) for success in successes]
+  judged = tags[0] is not None
+  rows = (np.stack([np.zeros(len(VOCAB), np.float32) if tag == UNJUDGED else VOCAB.multi_hot(tag)
+                    for tag in tags]) if judged else None)
+  notes = runlog.GroupNotes(selected=selected, teacher=selected, tags=rows,
+                            unjudged=tuple(tag == UNJUDGED for tag in tags))
+  return Group(Task(env, seed), trajs), notes
 
 
 def eval_results(step):
@@ -77,7 +75,8 @@ def workdir(tmp_path_factory):
   with RunLog(path) as log:
     log.evaluation(0, eval_results(0))
     for step, pool in POOLS.items():
-      log.rollouts(step, [make_group(*spec) for spec in pool], VOCAB)
+      groups, notes = zip(*[make_group(*spec) for spec in pool])
+      log.rollouts(step, groups, notes, VOCAB)
       log.scalars(step, {"loss": 1.0 / step}, prefix="train")
       log.scalars(step, TRAINING[step])
       if step in EVALS:
@@ -143,7 +142,12 @@ def test_tag_frequencies_agree_with_the_profile_module(run):
   """Per step, the JSONL path equals rubrics.profiles.tag_frequencies over the Groups."""
   freqs = analysis.tag_frequencies(run)
   for step, pool in POOLS.items():
-    expected = profiles.tag_frequencies([make_group(*spec) for spec in pool], VOCAB)
+    groups, notes = zip(*[make_group(*spec) for spec in pool])
+    # A group no tag judge saw counts as wholly unjudged.
+    tags = [GroupTags(np.zeros((len(g.trajectories), len(VOCAB)), np.float32), np.ones(
+        len(g.trajectories), bool)) if n.tags is None else GroupTags(n.tags, np.asarray(n.unjudged))
+            for g, n in zip(groups, notes)]
+    expected = profiles.tag_frequencies(groups, tags, VOCAB)
     for env, by_tag in expected.items():
       row = freqs[env].frequency[list(freqs[env].steps).index(step)]
       np.testing.assert_allclose(row, [by_tag[t] for t in VOCAB.ids], atol=1e-12)
@@ -169,7 +173,7 @@ def test_selection_stats_hand_computed(run):
 
 def test_selection_stats_rejects_an_inconsistent_group(tmp_path):
   record = {"step": 1, "group": 0, "env": "maze", "seed": 1, "selected": True, "success": True,
-            "tags": None, "untagged": False}
+            "tags": None, "unjudged": False}
   with open(tmp_path / runlog.ROLLOUTS_FILE, "w", encoding="utf-8") as f:
     f.write(json.dumps(record) + "\n" + json.dumps({**record, "seed": 2}) + "\n")
   with pytest.raises(ValueError, match=r"record 1 \(step 1, group 0\) has env 'maze', seed 2"):

@@ -15,7 +15,7 @@ from rised_jax.learn import train_step
 from rised_jax.pipelines.agentic import Progress
 from rised_jax.rubrics import Vocabulary
 from rised_jax.teach import PositiveTeacher, positive_teacher_prefix
-from rised_jax.types import Group, Task, Trajectory
+from rised_jax.types import Group, GroupTags, Task, Trajectory
 from tests import step_fixtures
 
 CONFIG = Path(__file__).resolve().parent.parent / "experiments" / "configs" / "tiny_cpu.py"
@@ -29,20 +29,21 @@ def load_config_file(path: Path, arg: str):
   return module.get_config(arg)
 
 
-def _group(seed: int, successes, tags=(), vocab=None, tokens: int = 0, env: str = "maze") -> Group:
-  trajs = []
-  for s in successes:
-    traj = Trajectory(Task(env, seed), list(range(tokens)), [1] * tokens, [0.0] * tokens, 0,
-                      [], success=bool(s), reward=float(s))
-    if vocab is not None:
-      traj.tags = vocab.multi_hot(tags)
-    trajs.append(traj)
-  return Group(Task(env, seed), trajs)
+def _group(seed: int, successes, tags=(), vocab=None, tokens: int = 0, env: str = "maze",
+           system_prompt: str = "SYS") -> tuple[Group, GroupTags]:
+  """A group and the judge's tags for it (every rollout tagged `tags`; no tags without vocab)."""
+  trajs = [Trajectory(Task(env, seed), list(range(tokens)), [1] * tokens, [0.0] * tokens, 0,
+                      [], success=bool(s), reward=float(s)) for s in successes]
+  width = 0 if vocab is None else len(vocab)
+  rows = np.stack([np.zeros(width, np.float32) if vocab is None else vocab.multi_hot(tags)
+                   for _ in trajs])
+  return (Group(Task(env, seed), trajs, system_prompt=system_prompt),
+          GroupTags(rows, np.zeros(len(trajs), bool)))
 
 
 def test_success_rate_selector_matches_the_pool_rate_greedily():
   # Success rates 0, 0, 1, 1, 1/2, 1/4: pool mean 2.75/6 = 0.4583.
-  pool = [_group(i, s) for i, s in enumerate(
+  pool = [_group(i, s)[0] for i, s in enumerate(
       [[0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])]
   selector = select.make_selector("success_rate", seed=0)
   # Pick 1: |0.5 − 0.4583| is the smallest → group 4. Pick 2: (0.5 + x)/2 nearest 0.4583 wants
@@ -56,14 +57,16 @@ def test_success_rate_selector_matches_the_pool_rate_greedily():
   vocab = Vocabulary.load("agentic_v1")
   tagged = [_group(g.task.seed, g.successes, ["gave_up"] if i % 2 else ["efficient"], vocab)
             for i, g in enumerate(pool)]
-  assert selector.select(tagged, 2, step=0) == [4, 5]
+  assert selector.select([g for g, _ in tagged], 2, step=0,
+                         tags=[t for _, t in tagged]) == [4, 5]
 
 
 def test_generic_teacher_lists_task_agnostic_advice_for_the_same_groups():
   vocab = Vocabulary.load("agentic_v1")
-  winners = _group(0, [1, 0], ["efficient"], vocab)
-  losers = _group(1, [0, 0], ["gave_up"], vocab, env="sokoban")   # no positives anywhere
-  prefix, positives = positive_teacher_prefix("SYS", winners, [winners], vocab, context="generic")
+  winners, winner_tags = _group(0, [1, 0], ["efficient"], vocab)
+  losers, loser_tags = _group(1, [0, 0], ["gave_up"], vocab, env="sokoban")   # no positives anywhere
+  prefix, positives = positive_teacher_prefix("SYS", 0, [winners], [winner_tags], vocab,
+                                              context="generic")
   assert prefix == ("SYS\n\nBehaviours that succeed here:\n"
                     "- Reads the task and the latest observation carefully\n"
                     "- Chooses each action to get closer to the goal")
@@ -71,9 +74,10 @@ def test_generic_teacher_lists_task_agnostic_advice_for_the_same_groups():
   rubric = PositiveTeacher(vocab)
   generic = PositiveTeacher(vocab, context="generic")
   for teacher in (rubric, generic):
-    teacher.assign([winners, losers], [winners, losers], "SYS", step=0)
-    assert winners.teacher_prefix is not None and losers.teacher_prefix is None
-  assert "Reaches the goal without wasted turns" not in winners.teacher_prefix
+    (winner_prefix, loser_prefix), _ = teacher.assign([0, 1], [winners, losers],
+                                                      [winner_tags, loser_tags], step=0)
+    assert winner_prefix is not None and loser_prefix is None
+  assert "Reaches the goal without wasted turns" not in winner_prefix
   with pytest.raises(ValueError, match="context='rubrics'"):
     PositiveTeacher(vocab, context="rubrics")
 
@@ -120,11 +124,11 @@ def test_control_presets_set_their_stage():
 
 def test_progress_counts_rollouts_and_agent_tokens_cumulatively():
   progress = Progress()
-  assert progress.add([_group(0, [1, 0], tokens=3), _group(1, [0, 0, 1], tokens=5)]) == {
+  assert progress.add([_group(0, [1, 0], tokens=3)[0], _group(1, [0, 0, 1], tokens=5)[0]]) == {
       "progress/rollouts": 5.0, "progress/agent_tokens": 2 * 3 + 3 * 5.0}
   resumed = Progress()
   resumed.load_state_dict(progress.state_dict())
-  assert resumed.add([_group(2, [1], tokens=7)]) == {"progress/rollouts": 6.0,
+  assert resumed.add([_group(2, [1], tokens=7)[0]]) == {"progress/rollouts": 6.0,
                                                       "progress/agent_tokens": 28.0}
   with pytest.raises(ValueError, match="progress: state has keys"):
     resumed.load_state_dict({"rollouts": 1})

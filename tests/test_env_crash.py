@@ -105,14 +105,13 @@ def test_pipeline_trains_only_on_groups_without_errors_and_logs_the_count(crashy
   pipeline = AgenticPipeline(config, FixedReplyEngine(tokenizer, "<answer>right</answer>"), tokenizer)
   tasks = pipeline.tasks.next(6)
   pipeline.tasks.cursor, pipeline.tasks.next_index = 0, {"crashy": 0}
-  pool = pipeline.roll_out(0)
+  record = pipeline.roll_out(0)
   expected = [t for t in tasks if t.seed % 3]
-  assert [g.task for g in pool] == expected
-  pipeline.judge(pool)
-  pipeline.advantages(pool)
-  selected = pipeline.select(pool, 0)
-  rows = pipeline.rows(selected)
-  metrics = pipeline.metrics(pool, selected)
+  assert [g.task for g in record.pool] == expected
+  record = pipeline.select(pipeline.advantages(pipeline.judge(record)))
+  rows = pipeline.rows(record)
+  metrics = pipeline.metrics(record)
+  selected = [record.pool[i] for i in record.chosen]
   group_size = config.rollout.group_size
   assert metrics["rollout/env_errors"] == group_size * (len(tasks) - len(expected))
   assert metrics["rollout/groups_dropped"] == len(tasks) - len(expected)

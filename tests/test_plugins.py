@@ -81,7 +81,7 @@ class ProgressJudge(Judge):
 class LastSelector(Selector):
   name = "last"
 
-  def _select(self, pool, batch_size, step, rng):
+  def _select(self, pool, tags, batch_size, step, rng):
     return list(range(len(pool) - 1, -1, -1))[:batch_size]
 
 

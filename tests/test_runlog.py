@@ -38,13 +38,21 @@ def tb_scalars(workdir, tag, purge=True):
   return scalars
 
 
-def make_traj(env, seed, *, success, reward, num_turns, agent_tokens, tags=None, untagged=False,
-              truncated=False, hint=""):
+def make_traj(env, seed, *, success, reward, num_turns, agent_tokens, truncated=False, hint=""):
   turns = [Turn(f"a{i}", f"o{i}", 0.0, i == num_turns - 1, False, []) for i in range(num_turns)]
   mask = [0, 0] + [1] * agent_tokens + [0]
   return Trajectory(Task(env, seed), list(range(len(mask))), mask, [0.0] * len(mask), 2, turns,
-                    success=success, reward=reward, truncated=truncated, hint=hint,
-                    tags=None if tags is None else VOCAB.multi_hot(tags), untagged=untagged)
+                    success=success, reward=reward, truncated=truncated, hint=hint)
+
+
+def notes(tags=None, unjudged=(), vocab=VOCAB, **decisions):
+  """GroupNotes with one tag list per rollout (None: no tag judge ran)."""
+  rows = None if tags is None else np.stack([vocab.multi_hot(t) for t in tags])
+  return runlog.GroupNotes(tags=rows, unjudged=tuple(unjudged), **decisions)
+
+
+def one_group(traj):
+  return [Group(traj.task, [traj])]
 
 
 # --- scalars -------------------------------------------------------------------------------------
@@ -138,33 +146,34 @@ def test_rewind_to_none_forgets_everything(tmp_path):
 def test_rollouts_write_one_exact_line_per_rollout(tmp_path):
   maze = Group(Task("maze", 3), [
       make_traj("maze", 3, success=True, reward=1.0, num_turns=2, agent_tokens=5,
-                tags=["valid_syntax"], hint="Avoid: loops"),
+                hint="Avoid: loops"),
       make_traj("maze", 3, success=False, reward=0.25, num_turns=4, agent_tokens=9,
-                tags=[], untagged=True, truncated=True)], selected=True, teacher_prefix="T")
+                truncated=True)])
+  maze_notes = notes([["valid_syntax"], []], unjudged=[False, True], selected=True, teacher=True)
   wordle = Group(Task("wordle", 11), [
-      make_traj("wordle", 11, success=False, reward=0.0, num_turns=1, agent_tokens=3,
-                tags=["gave_up", "loops"])])
+      make_traj("wordle", 11, success=False, reward=0.0, num_turns=1, agent_tokens=3)])
+  wordle_notes = notes([["gave_up", "loops"]])
   unjudged = Group(Task("wordle", 12), [
-      make_traj("wordle", 12, success=True, reward=1.0, num_turns=3, agent_tokens=7)],
-      selected=True)
+      make_traj("wordle", 12, success=True, reward=1.0, num_turns=3, agent_tokens=7)])
   with RunLog(tmp_path) as log:
-    log.rollouts(4, [maze, wordle], VOCAB)
-    log.rollouts(4, [unjudged], VOCAB)   # a second call at the same step continues the numbering
-    log.rollouts(5, [wordle], VOCAB)
-  common = {"truncated": False, "untagged": False, "selected": False, "teacher": False,
+    log.rollouts(4, [maze, wordle], [maze_notes, wordle_notes], VOCAB)
+    # a second call at the same step continues the numbering
+    log.rollouts(4, [unjudged], [notes(selected=True)], VOCAB)
+    log.rollouts(5, [wordle], [wordle_notes], VOCAB)
+  common = {"truncated": False, "unjudged": False, "selected": False, "teacher": False,
             "hint": False}
   assert lines(tmp_path, runlog.ROLLOUTS_FILE) == [
-      {**common, "step": 4, "env": "maze", "seed": 3, "group": 0, "rollout": 0, "reward": 1.0,
+      {**common, "step": 4, "task": "maze:3", "env": "maze", "seed": 3, "group": 0, "rollout": 0, "reward": 1.0,
        "success": True, "num_turns": 2, "actions": ["a0", "a1"], "agent_tokens": 5, "tags": ["valid_syntax"],
        "selected": True, "teacher": True, "hint": True},
-      {**common, "step": 4, "env": "maze", "seed": 3, "group": 0, "rollout": 1, "reward": 0.25,
+      {**common, "step": 4, "task": "maze:3", "env": "maze", "seed": 3, "group": 0, "rollout": 1, "reward": 0.25,
        "success": False, "truncated": True, "num_turns": 4, "actions": ["a0", "a1", "a2", "a3"], "agent_tokens": 9, "tags": [],
-       "untagged": True, "selected": True, "teacher": True},
-      {**common, "step": 4, "env": "wordle", "seed": 11, "group": 1, "rollout": 0, "reward": 0.0,
+       "unjudged": True, "selected": True, "teacher": True},
+      {**common, "step": 4, "task": "wordle:11", "env": "wordle", "seed": 11, "group": 1, "rollout": 0, "reward": 0.0,
        "success": False, "num_turns": 1, "actions": ["a0"], "agent_tokens": 3, "tags": ["gave_up", "loops"]},
-      {**common, "step": 4, "env": "wordle", "seed": 12, "group": 2, "rollout": 0, "reward": 1.0,
+      {**common, "step": 4, "task": "wordle:12", "env": "wordle", "seed": 12, "group": 2, "rollout": 0, "reward": 1.0,
        "success": True, "num_turns": 3, "actions": ["a0", "a1", "a2"], "agent_tokens": 7, "tags": None, "selected": True},
-      {**common, "step": 5, "env": "wordle", "seed": 11, "group": 0, "rollout": 0, "reward": 0.0,
+      {**common, "step": 5, "task": "wordle:11", "env": "wordle", "seed": 11, "group": 0, "rollout": 0, "reward": 0.0,
        "success": False, "num_turns": 1, "actions": ["a0"], "agent_tokens": 3, "tags": ["gave_up", "loops"]},
   ]
   logged = Vocabulary.load(tmp_path / runlog.VOCABULARY_FILE)
@@ -172,19 +181,21 @@ def test_rollouts_write_one_exact_line_per_rollout(tmp_path):
 
 
 def test_rollouts_reject_bad_tags_and_a_second_vocabulary(tmp_path):
-  bad = make_traj("maze", 1, success=True, reward=1.0, num_turns=1, agent_tokens=1)
-  bad.tags = np.ones(5, np.float32)
+  traj = make_traj("maze", 1, success=True, reward=1.0, num_turns=1, agent_tokens=1)
+  bad = runlog.GroupNotes(tags=np.ones((1, 5), np.float32))
   with RunLog(tmp_path) as log:
     with pytest.raises(ValueError, match=r"step 2, group 0 \(maze:1\), rollout 0.*shape \(5,\)"):
-      log.rollouts(2, [Group(Task("maze", 1), [bad])], VOCAB)
+      log.rollouts(2, one_group(traj), [bad], VOCAB)
     with pytest.raises(ValueError, match="no vocabulary"):
-      log.rollouts(2, [Group(Task("maze", 1), [bad])], None)
-    good = make_traj("maze", 1, success=True, reward=1.0, num_turns=1, agent_tokens=1, tags=[])
-    log.rollouts(2, [Group(Task("maze", 1), [good])], VOCAB)
+      log.rollouts(2, one_group(traj), [bad], None)
+    with pytest.raises(ValueError, match=r"1 rollouts but its notes cover 2 \(unjudged\)"):
+      log.rollouts(2, one_group(traj), [notes([[]], unjudged=[False, False])], VOCAB)
+    with pytest.raises(ValueError, match="2 notes for 1 groups"):
+      log.rollouts(2, one_group(traj), [notes([[]]), notes([[]])], VOCAB)
+    log.rollouts(2, one_group(traj), [notes([[]])], VOCAB)
     other = Vocabulary([RubricEntry("x", "+", "something else"), *VOCAB.entries[1:]])
-    good.tags = other.multi_hot(["x"])
     with pytest.raises(ValueError, match="another vocabulary"):
-      log.rollouts(3, [Group(Task("maze", 1), [good])], other)
+      log.rollouts(3, one_group(traj), [notes([["x"]], vocab=other)], other)
 
 
 def test_evaluation_lines_and_scalars(tmp_path):
@@ -220,8 +231,8 @@ def test_evaluation_keeps_extra_numeric_results(tmp_path):
 
 def log_step(log, step, value):
   log.scalars(step, {"loss": value}, prefix="train")
-  traj = make_traj("maze", step, success=True, reward=value, num_turns=1, agent_tokens=1, tags=[])
-  log.rollouts(step, [Group(Task("maze", step), [traj])], VOCAB)
+  traj = make_traj("maze", step, success=True, reward=value, num_turns=1, agent_tokens=1)
+  log.rollouts(step, one_group(traj), [notes([[]])], VOCAB)
   if step % 2 == 0:
     log.evaluation(step, {"maze": {"pass_rate": value / 100, "ci_low": 0.0, "ci_high": 1.0,
                                    "episodes": 4}})
@@ -369,7 +380,7 @@ def test_bad_input_gets_clear_errors(tmp_path):
   with pytest.raises(ValueError, match="'wall' is reserved"):
     log.scalars(1, {"wall": 1.0})
   with pytest.raises(ValueError, match=r"groups\[0\] is dict"):
-    log.rollouts(1, [{}], VOCAB)
+    log.rollouts(1, [{}], [notes()], VOCAB)
   log.close()
   with pytest.raises(RuntimeError, match="closed"):
     log.scalars(1, {"x": 1.0})
@@ -378,11 +389,11 @@ def test_bad_input_gets_clear_errors(tmp_path):
 
 def test_disabled_log_validates_but_writes_nothing(tmp_path):
   workdir = tmp_path / "process1"
-  traj = make_traj("maze", 1, success=True, reward=1.0, num_turns=1, agent_tokens=1, tags=[])
+  traj = make_traj("maze", 1, success=True, reward=1.0, num_turns=1, agent_tokens=1)
   with RunLog(workdir, enabled=False) as log:
     assert log.event_file is None
     log.scalars(1, {"x": 1.0})
-    log.rollouts(1, [Group(Task("maze", 1), [traj])], VOCAB)
+    log.rollouts(1, one_group(traj), [notes([[]])], VOCAB)
     log.evaluation(1, BEFORE)
     log.rewind(0)
     assert log.write_summary(BEFORE, AFTER) == EXPECTED_TABLE

@@ -507,10 +507,12 @@ class Trainable:
     """The model with the state's (master) parameters."""
     return nnx.merge(self.graphdef, state.params, self.rest)
 
-  def compute_model(self, state: TrainState) -> nnx.Module:
+  def compute_model(self, state: TrainState, *, copy: bool = False) -> nnx.Module:
     """The model with the state's parameters as the forward sees them (compute dtype): what the
-    sampler holds and what weight sync exports. The same arrays when the dtypes agree."""
-    params = precision.compute_params(state.params, self.compute_dtype, self.uncast_paths)
+    sampler holds and what weight sync exports. The same arrays when the dtypes agree, unless
+    `copy` (a sampler that keeps running while the next step donates `state`)."""
+    params = precision.compute_params(state.params, self.compute_dtype, self.uncast_paths,
+                                      copy=copy)
     return nnx.merge(self.graphdef, params, self.rest)
 
   def put_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, Array]:

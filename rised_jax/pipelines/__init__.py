@@ -21,7 +21,7 @@ in order:
   host_state()                   -> {name: HostState}    what a checkpoint must carry
 
 `roll_out` touches only the rollout side (task cursor, rollout loop, engine): the trainer may
-run it for step t + 1 in a background thread while step t trains (`rollout.async_steps`), so
+run it for step t + 1 in a background thread while step t trains (`rollout.async_rollouts`), so
 the stages after it must not use the engine or the rollout loop's environments.
 
 `config.pipeline` names one of `PIPELINES`; the presets of `rised_jax.config` choose it.

@@ -66,10 +66,11 @@ class Progress:
     self.rollouts = 0
     self.agent_tokens = 0
 
-  def add(self, pool: Sequence[Group]) -> None:
+  def add(self, pool: Sequence[Group]) -> dict[str, float]:
     trajectories = [t for g in pool for t in g.trajectories]
     self.rollouts += len(trajectories)
     self.agent_tokens += sum(int(t.num_agent_tokens) for t in trajectories)
+    return self.as_metrics()
 
   def as_metrics(self) -> dict[str, float]:
     return {"progress/rollouts": float(self.rollouts),

@@ -14,7 +14,7 @@ ENGINES = ("jax", "sglang")
 
 
 def check_config(config: Any) -> None:
-  """config.rollout's engine name, reply prefix and stop strings."""
+  """config.rollout's engine name, reply prefix, stop strings and async roll-outs."""
   if config.rollout.engine not in ENGINES:
     raise ValueError(f"config.rollout.engine={config.rollout.engine!r}: expected 'jax' or 'sglang'")
   if not isinstance(config.rollout.reply_prefix, str):
@@ -24,6 +24,13 @@ def check_config(config: Any) -> None:
   if isinstance(stops, str) or not all(isinstance(x, str) and x for x in stops):
     raise ValueError(f"config.rollout.stop_strings={stops!r}: expected a list of non-empty "
                      "strings")
+  if not isinstance(config.rollout.async_rollouts, bool):
+    raise ValueError(f"config.rollout.async_rollouts={config.rollout.async_rollouts!r}: "
+                     "expected True or False")
+  if config.rollout.async_rollouts and not config.step.behaviour_weight:
+    raise ValueError("config.rollout.async_rollouts=True with config.step.behaviour_weight="
+                     "False: rollouts sampled by the previous step's policy need the truncated "
+                     "importance weight against it; keep behaviour_weight=True")
 
 
 def limits_of(config: Any) -> EngineLimits:
