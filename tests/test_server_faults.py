@@ -66,14 +66,11 @@ def rubric_config():
 
 
 def one_step(pipe):
-  pool = pipe.roll_out(0)
-  metrics = pipe.judge(pool)
-  pipe.advantages(pool)
-  selected = pipe.select(pool, 0)
-  metrics.update(pipe.teach(selected, pool, 0))
-  rows = pipe.rows(selected)
-  metrics.update(pipe.metrics(pool, selected))
-  return pool, rows, metrics
+  """(the step's pool, rows, metrics): the stages in the trainer's order, on step 0."""
+  record = pipe.roll_out(0)
+  for stage in (pipe.judge, pipe.advantages, pipe.select, pipe.teach):
+    record = stage(record)
+  return record.pool, pipe.rows(record), pipe.metrics(record)
 
 
 def check_batch(rows, vocab_size, pad_id, num_rows):
@@ -112,7 +109,7 @@ def test_rubric_step_drops_the_group_of_a_failed_request(server, tokenizer, faul
     pipe.tasks.cursor = 0
     server.inject("/generate", fault, times=2)
     pool, rows, metrics = one_step(pipe)
-  assert [g.rubric.id for g in pool] == [pipe.task_set.tasks[i].id for i in first[1:]]
+  assert [g.task for g in pool] == [pipe.task_set.tasks[i] for i in first[1:]]
   assert metrics["rollout/groups_dropped"] == 1.0
   assert metrics["rollout/server_retries"] == 1.0
   assert metrics["judge/failed"] == 0.0               # the offline checker judges everything
