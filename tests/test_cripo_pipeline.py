@@ -8,6 +8,7 @@ tasks' words (rised_jax.model.tiny.build_tokenizer); the end-to-end run uses a t
 model over the same vocabulary.
 """
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -198,6 +199,30 @@ def test_scripted_answers_get_the_hand_worked_verdicts(cripo_run, tokenizer):
     analysis = record.analysis[k]
     assert [texts[j] for j in np.flatnonzero(analysis.uc)] == UC[group.task.id]
     assert [texts[j] for j in np.flatnonzero(analysis.sc)] == SC[group.task.id]
+
+
+def test_stages_return_new_records_and_answers_keep_their_seeds(task_file, tokenizer, scripts):
+  pipe, engine = make_scripted(make_config("cripo", task_file), tokenizer, scripts)
+  rolled = pipe.roll_out(3)
+  with pytest.raises(RuntimeError, match=r"step 3: rows needs \['advantages', 'teacher_ids'\]"):
+    pipe.rows(rolled)
+  judged = pipe.judge(rolled)
+  # The judge replaced the trajectories: the rolled-out record still holds the unjudged ones.
+  assert all(t.reward == 0 and t.turns[0].reward == 0 for g in rolled.pool for t in g.trajectories)
+  assert any(t.reward != 0 for g in judged.pool for t in g.trajectories)
+  assert all(t.turns[0].reward == t.reward for g in judged.pool for t in g.trajectories)
+  assert rolled.verdicts is None and judged.faults == rolled.faults
+  # Engine seeds: the hash of (run seed, set name, task index, {"id": task id}, rollout, turn 0),
+  # the key rubric questions had when they were environment Tasks, so runs sample as before.
+  index = {t.id: i for i, t in enumerate(pipe.task_set.tasks)}
+  expected = []
+  for group in rolled.pool:
+    for rollout in range(4):
+      key = repr((pipe.config.seed * 1_000_003 + 3, "six", index[group.task.id],
+                  [("id", repr(group.task.id))], rollout, 0))
+      expected.append(int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little")
+                      & 0x7FFFFFFF)
+  assert [r.seed for r in engine.calls[0]] == expected
 
 
 def test_teacher_rows_differ_from_student_rows_only_in_the_prefix(cripo_run, tokenizer):
