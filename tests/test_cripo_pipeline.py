@@ -8,6 +8,7 @@ tasks' words (rised_jax.model.tiny.build_tokenizer); the end-to-end run uses a t
 model over the same vocabulary.
 """
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -151,29 +152,26 @@ def make_scripted(config, tokenizer, scripts):
 
 
 def run_stages(pipe, step=0):
-  pool = pipe.roll_out(step)
-  metrics = pipe.judge(pool)
-  pipe.advantages(pool)
-  selected = pipe.select(pool, step)
-  metrics.update(pipe.teach(selected, pool, step))
-  rows = pipe.rows(selected)
-  metrics.update(pipe.metrics(pool, selected))
-  return pool, rows, metrics
+  """(the step's final record, its rows, its metrics), the stages in the trainer's order."""
+  record = pipe.roll_out(step)
+  for stage in (pipe.judge, pipe.advantages, pipe.select, pipe.teach):
+    record = stage(record)
+  return record, pipe.rows(record), pipe.metrics(record)
 
 
 @pytest.fixture(scope="module")
 def cripo_run(task_file, tokenizer, scripts):
   pipe, engine = make_scripted(make_config("cripo", task_file), tokenizer, scripts)
-  pool, rows, metrics = run_stages(pipe)
-  return pipe, engine, pool, rows, metrics
+  record, rows, metrics = run_stages(pipe)
+  return pipe, engine, record, rows, metrics
 
 
-def group_rows(pool, rows):
-  """{task id: (group, its rows)} in pool order."""
+def group_rows(record, rows):
+  """{task id: (group index, group, its rows)} in pool order."""
   out, start = {}, 0
-  for group in pool:
+  for k, group in enumerate(record.pool):
     size = len(group.trajectories)
-    out[group.rubric.id] = (group, rows[start:start + size])
+    out[group.task.id] = (k, group, rows[start:start + size])
     start += size
   return out
 
@@ -183,27 +181,52 @@ def assistant_start(tokenizer):
 
 
 def test_scripted_answers_get_the_hand_worked_verdicts(cripo_run, tokenizer):
-  _, _, pool, _, _ = cripo_run
-  assert sorted(g.rubric.id for g in pool) == ["sky-blue", "sunset-red"]
-  for group in pool:
-    weights = group.rubric.weights
-    verdicts = np.asarray(VERDICTS[group.rubric.id], np.float32)
+  _, _, record, _, _ = cripo_run
+  assert sorted(g.task.id for g in record.pool) == ["sky-blue", "sunset-red"]
+  for k, group in enumerate(record.pool):
+    weights = group.task.weights
+    verdicts = np.asarray(VERDICTS[group.task.id], np.float32)
     rewards = verdicts @ weights / weights.sum()
-    for traj, expected, reward in zip(group.trajectories, verdicts, rewards):
+    for i, (traj, expected, reward) in enumerate(zip(group.trajectories, verdicts, rewards)):
       # The judge saw the decoded answer, which the checker scores as worked out by hand.
       answer = tokenizer.decode(traj.token_ids[traj.prompt_len:], skip_special_tokens=True)
       assert traj.turns[0].action_text == answer.strip()
-      np.testing.assert_array_equal(check(group.rubric, answer), expected)
-      np.testing.assert_array_equal(traj.criteria, expected)
-      assert traj.reward == pytest.approx(reward, abs=1e-6) and not traj.untagged
-    np.testing.assert_allclose(group.advantages, grpo_reference(rewards), atol=1e-5)
-    texts = [c.id for c in group.rubric.criteria]
-    assert [texts[j] for j in np.flatnonzero(group.uc)] == UC[group.rubric.id]
-    assert [texts[j] for j in np.flatnonzero(group.sc)] == SC[group.rubric.id]
+      np.testing.assert_array_equal(check(group.task, answer), expected)
+      np.testing.assert_array_equal(record.verdicts[k][i], expected)
+      assert traj.reward == pytest.approx(reward, abs=1e-6) and not record.unjudged[k][i]
+    np.testing.assert_allclose(record.advantages[k], grpo_reference(rewards), atol=1e-5)
+    texts = [c.id for c in group.task.criteria]
+    analysis = record.analysis[k]
+    assert [texts[j] for j in np.flatnonzero(analysis.uc)] == UC[group.task.id]
+    assert [texts[j] for j in np.flatnonzero(analysis.sc)] == SC[group.task.id]
+
+
+def test_stages_return_new_records_and_answers_keep_their_seeds(task_file, tokenizer, scripts):
+  pipe, engine = make_scripted(make_config("cripo", task_file), tokenizer, scripts)
+  rolled = pipe.roll_out(3)
+  with pytest.raises(RuntimeError, match=r"step 3: rows needs \['advantages', 'teacher_ids'\]"):
+    pipe.rows(rolled)
+  judged = pipe.judge(rolled)
+  # The judge replaced the trajectories: the rolled-out record still holds the unjudged ones.
+  assert all(t.reward == 0 and t.turns[0].reward == 0 for g in rolled.pool for t in g.trajectories)
+  assert any(t.reward != 0 for g in judged.pool for t in g.trajectories)
+  assert all(t.turns[0].reward == t.reward for g in judged.pool for t in g.trajectories)
+  assert rolled.verdicts is None and judged.faults == rolled.faults
+  # Engine seeds: the hash of (run seed, set name, task index, {"id": task id}, rollout, turn 0),
+  # the key rubric questions had when they were environment Tasks, so runs sample as before.
+  index = {t.id: i for i, t in enumerate(pipe.task_set.tasks)}
+  expected = []
+  for group in rolled.pool:
+    for rollout in range(4):
+      key = repr((pipe.config.seed * 1_000_003 + 3, "six", index[group.task.id],
+                  [("id", repr(group.task.id))], rollout, 0))
+      expected.append(int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little")
+                      & 0x7FFFFFFF)
+  assert [r.seed for r in engine.calls[0]] == expected
 
 
 def test_teacher_rows_differ_from_student_rows_only_in_the_prefix(cripo_run, tokenizer):
-  _, engine, pool, rows, _ = cripo_run
+  _, engine, record, rows, _ = cripo_run
   requests = engine.calls[0]
   start = assistant_start(tokenizer)
   assert len(rows) == len(requests) == 8
@@ -229,40 +252,41 @@ def test_teacher_rows_differ_from_student_rows_only_in_the_prefix(cripo_run, tok
     assert same_teacher == (row.teacher_prefix_ids is None)
     assert (i in distilled) == (row.teacher_prefix_ids is not None)
     assert (i in flipped) == (row.cf_teacher_prefix_ids is not None)
-  order = [g.rubric.id for g in pool]
+  order = [g.task.id for g in record.pool]
   assert distilled.tolist() == [4 * order.index("sunset-red") + BEST["sunset-red"]]
   assert flipped.tolist() == [4 * order.index("sky-blue") + i for i in (1, 3)]
 
 
 def test_uc_teacher_is_only_on_y_star_with_the_unexplored_criteria(cripo_run, tokenizer):
-  pipe, _, pool, rows, metrics = cripo_run
+  pipe, _, record, rows, metrics = cripo_run
   system = pipe.config.rubric.system_prompt
-  for task_id, (group, mine) in group_rows(pool, rows).items():
+  for task_id, (k, group, mine) in group_rows(record, rows).items():
     with_teacher = [i for i, row in enumerate(mine) if row.teacher_prefix_ids is not None]
     if not UC[task_id]:
-      assert with_teacher == [] and group.teacher_prefix is None
+      assert with_teacher == [] and not record.teacher_applies(k)
       continue
-    best = int(np.argmax(group.advantages))
-    assert with_teacher == [best] == [BEST[task_id]]
-    texts = {c.id: c.text for c in group.rubric.criteria}
+    best = int(np.argmax(record.advantages[k]))
+    assert with_teacher == [best] == [BEST[task_id]] == [record.analysis[k].best]
+    assert record.teacher_applies(k)
+    texts = {c.id: c.text for c in group.task.criteria}
     answer = group.trajectories[best].turns[0].action_text
     expected = tokenizer.encode_chat(cripo_prefix.injection_messages(
-        group.rubric.prompt, answer, [texts[j] for j in UC[task_id]], system))
+        group.task.prompt, answer, [texts[j] for j in UC[task_id]], system))
     assert list(mine[best].teacher_prefix_ids) == expected
   assert metrics["cripo/injection_rows"] == 1 and metrics["cripo/frac_samples_with_uc"] == 0.5
 
 
 def test_sc_teacher_only_on_negative_advantage_answers_meeting_an_sc(cripo_run, tokenizer):
-  pipe, _, pool, rows, metrics = cripo_run
+  pipe, _, record, rows, metrics = cripo_run
   system = pipe.config.rubric.system_prompt
-  for task_id, (group, mine) in group_rows(pool, rows).items():
-    texts = {c.id: c.text for c in group.rubric.criteria}
+  for task_id, (k, group, mine) in group_rows(record, rows).items():
+    texts = {c.id: c.text for c in group.task.criteria}
     with_cf = {i for i, row in enumerate(mine) if row.cf_teacher_prefix_ids is not None}
     assert with_cf == set(COUNTERFACTUAL[task_id])
     for i, ids in COUNTERFACTUAL[task_id].items():
-      assert group.advantages[i] < 0
+      assert record.advantages[k][i] < 0
       expected = tokenizer.encode_chat(cripo_prefix.counterfactual_messages(
-          group.rubric.prompt, group.trajectories[i].turns[0].action_text,
+          group.task.prompt, group.trajectories[i].turns[0].action_text,
           [texts[j] for j in ids], system))
       assert list(mine[i].cf_teacher_prefix_ids) == expected
   assert metrics["cripo/counterfactual_rows"] == 2
@@ -341,37 +365,38 @@ class FlakyChecker(criteria.CriteriaJudge):
 
   def _judge(self, tasks, answers):
     result = criteria.CheckerJudge().judge(tasks, answers)
-    result.usable = np.asarray(["cools" not in a for a in answers])
-    result.stats.unusable_answers = int((~result.usable).sum())
+    result.unjudged = np.asarray(["cools" in a for a in answers])
+    result.stats.unjudged_answers = int(result.unjudged.sum())
     return result
 
 
 def test_unusable_verdicts_leave_the_answer_out_without_loss(task_file, tokenizer, scripts):
   pipe, _ = make_scripted(make_config("cripo", task_file), tokenizer, scripts)
   pipe.judge_backend = FlakyChecker()
-  pool, rows, metrics = run_stages(pipe)
-  group, mine = group_rows(pool, rows)["sunset-red"]
-  assert [t.untagged for t in group.trajectories] == [False, False, True, False]
-  assert group.trajectories[2].criteria is None and group.trajectories[2].reward == 0
-  # GRPO over the three usable answers only (R = 0.8, 0, 0); the unusable one gets A = 0.
+  record, rows, metrics = run_stages(pipe)
+  k, group, mine = group_rows(record, rows)["sunset-red"]
+  assert record.unjudged[k].tolist() == [False, False, True, False]
+  assert not record.verdicts[k][2].any() and group.trajectories[2].reward == 0
+  # GRPO over the three judged answers only (R = 0.8, 0, 0); the unjudged one gets A = 0.
   expected = np.zeros(4)
   expected[[0, 1, 3]] = grpo_reference([0.8, 0.0, 0.0])
-  np.testing.assert_allclose(group.advantages, expected, atol=1e-5)
+  np.testing.assert_allclose(record.advantages[k], expected, atol=1e-5)
   assert set(mine[2].response_loss_mask) == {0} and mine[2].advantage == 0
   assert all(set(r.response_loss_mask) == {1} for i, r in enumerate(mine) if i != 2)
-  assert metrics["rollout/unusable"] == 1 / 8 and metrics["judge/unusable_answers"] == 1
+  assert metrics["rollout/unjudged"] == 1 / 8 and metrics["judge/unjudged_answers"] == 1
+  assert metrics["judge/failed"] == 1
 
 
 def test_in_process_judge_is_the_policy_through_the_engine(task_file, tokenizer, scripts):
   pipe, engine = make_scripted(make_config("cripo", task_file, **{
       "rubric.judge.backend": "inprocess"}), tokenizer, scripts)
-  pool, _, metrics = run_stages(pipe)
-  questions = sum(len(g.rubric.criteria) * 4 for g in pool)
+  record, _, metrics = run_stages(pipe)
+  questions = sum(len(g.task.criteria) * 4 for g in record.pool)
   assert len(engine.calls) == 2 and len(engine.calls[1]) == metrics["judge/requests"]
   assert metrics["judge/questions"] == questions
   assert metrics["judge/cache_hits"] == questions - len(engine.calls[1])   # "Sunsets are red." x2
   assert all(r.params.temperature == 0 for r in engine.calls[1])
-  assert all((t.criteria == 1).all() and not t.untagged for g in pool for t in g.trajectories)
+  assert all((v == 1).all() for v in record.verdicts) and not np.concatenate(record.unjudged).any()
 
 
 def test_evaluation_per_domain_on_held_out_tasks(cripo_run, task_set, scripts):
@@ -511,7 +536,13 @@ def test_end_to_end_tiny_run(tmp_path, task_set, tokenizer):
     assert with_uc - r["cripo/skipped_empty_answers"] <= r["cripo/injection_rows"] <= with_uc
     assert (r["distill_tokens"] > 0) == (r["cripo/injection_rows"] > 0)
   rollouts = runlog.read_jsonl(tmp_path / "run" / runlog.ROLLOUTS_FILE)
-  assert len(rollouts) == 16 and {r["env"] for r in rollouts} == {"rubric_science_medicine"}
+  # Every line is an answer to a training task of the set, named by its key (no environment).
+  task_set = rubric.load_task_set(c.rubric.tasks)
+  train, _ = rubric.split_tasks(len(task_set), c.rubric.eval_tasks, c.rubric.split_seed)
+  assert task_set.name == "rubric_science_medicine"
+  assert len(rollouts) == 16 and {r["task"] for r in rollouts} <= {
+      task_set.tasks[i].key for i in train}
+  assert not any("env" in r or "seed" in r for r in rollouts)
   assert sum(r["teacher"] for r in rollouts) == 4 * sum(r["cripo/injection_rows"] for r in steps)
   assert set(summary["before"]) == set(summary["after"]) <= {"science", "medicine", "other"}
   assert sum(r["episodes"] + r["unjudged"] for r in summary["after"].values()) == 4

@@ -4,7 +4,7 @@ The LLM backends run through the real google-genai / openai clients against loop
 whose "model" is an oracle: it reads the rendered question back (task, answer, criterion) and
 answers with the deterministic checker's verdict, so a correct judge reproduces
 `rubric_tasks.check` exactly. Answers carrying a marker "GARBAGE<k>" get scripted garbage
-(or HTTP errors) instead, which must make exactly the expected answers unusable and be counted.
+(or HTTP errors) instead, which must make exactly the expected answers unjudged and be counted.
 """
 import re
 
@@ -24,7 +24,7 @@ TASKS = builtin_task_set()
 BY_PROMPT = {t.prompt: t for t in TASKS.tasks}
 SKY = TASKS.tasks[0]
 
-# (scripted answer of the model, verdict it should give: 1.0, 0.0 or None for unusable, and
+# (scripted answer of the model, verdict it should give: 1.0, 0.0 or None for unjudged, and
 #  whether the request fails at the HTTP level)
 GARBAGE = [
     ('```json\n{"tags": ["MET"]}\n```', 1.0, False),        # lenient: fenced, any case
@@ -69,7 +69,7 @@ def sample_answers():
 
 
 def expected_of(pairs):
-  """Per answer: (expected verdicts or None when unusable, failed requests it causes)."""
+  """Per answer: (expected verdicts or None when unjudged, failed requests it causes)."""
   out = []
   for task, answer in pairs:
     marker = re.search(r"GARBAGE(\d+)", answer)
@@ -84,13 +84,14 @@ def expected_of(pairs):
 
 def assert_result(result, pairs):
   expected = expected_of(pairs)
-  for i, ((verdicts, _), got, usable) in enumerate(zip(expected, result.verdicts, result.usable)):
-    assert usable == (verdicts is not None), (i, pairs[i][1][:60])
+  for i, ((verdicts, _), got, failed) in enumerate(zip(expected, result.verdicts,
+                                                         result.unjudged)):
+    assert failed == (verdicts is None), (i, pairs[i][1][:60])
     np.testing.assert_array_equal(got, verdicts if verdicts is not None else np.zeros_like(got))
-  unusable = [i for i, (v, _) in enumerate(expected) if v is None]
+  unjudged = [i for i, (v, _) in enumerate(expected) if v is None]
   assert result.stats.answers == len(pairs)
-  assert result.stats.unusable_answers == len(unusable)
-  assert result.stats.unusable_questions == sum(len(pairs[i][0].criteria) for i in unusable)
+  assert result.stats.unjudged_answers == len(unjudged)
+  assert result.stats.unjudged_questions == sum(len(pairs[i][0].criteria) for i in unjudged)
   assert result.stats.questions == sum(len(t.criteria) for t, _ in pairs)
   assert result.stats.failed_requests == sum(f for _, f in expected)
 
@@ -118,7 +119,7 @@ def test_checker_equals_rubric_tasks_check():
   pairs = sample_answers()
   result = criteria.make_criteria_judge("checker").judge([t for t, _ in pairs],
                                                           [a for _, a in pairs])
-  assert result.usable.all() and result.stats.unusable_answers == 0
+  assert not result.unjudged.any() and result.stats.unjudged_answers == 0
   for (task, answer), verdicts in zip(pairs, result.verdicts):
     np.testing.assert_array_equal(verdicts, check(task, answer))
   # Hand-worked: scattering, shorter wavelengths, no violet, 2 sentences, no ocean myth; then
@@ -186,7 +187,7 @@ def test_identical_answers_in_one_call_are_asked_once(keys):
   with FakeOpenAIServer(oracle, SECRET) as server:
     result = make_llm_judge("openai", server).judge([SKY] * 3, ["Air scatters light."] * 3)
   assert len(server.requests) == len(SKY.criteria)
-  assert result.stats.cache_hits == 2 * len(SKY.criteria) and result.usable.all()
+  assert result.stats.cache_hits == 2 * len(SKY.criteria) and not result.unjudged.any()
 
 
 def test_misconfigured_server_raises_instead_of_marking_everything_unusable(keys):

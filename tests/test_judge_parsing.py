@@ -170,4 +170,4 @@ def test_criteria_judge_counts_unreadable_answers_as_unusable():
   result = judge.judge([task] * len(replies), [f"answer {k}" for k in range(len(replies))])
   usable_questions = sum(a == '{"tags": ["met"]}' for a in answers)
   assert result.stats.questions == count * len(replies)
-  assert result.stats.unusable_questions == count * len(replies) - usable_questions
+  assert result.stats.unjudged_questions == count * len(replies) - usable_questions

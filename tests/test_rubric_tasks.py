@@ -4,7 +4,6 @@ import json
 import numpy as np
 import pytest
 
-from rised_jax import types
 from rised_jax.rubric_tasks import checks, tasks, text
 
 
@@ -224,12 +223,10 @@ def test_check_group_and_task_set_round_trip(builtin, by_id):
   verdicts = tasks.check_group(task, answers)
   assert verdicts.shape == (2, len(task.criteria)) and verdicts.dtype == np.float32
   np.testing.assert_array_equal(verdicts[0], tasks.check(task, answers[0]))
-  index = [t.id for t in builtin.tasks].index("sky-blue")
-  as_task = builtin.as_task(index)
-  assert as_task == types.Task(env=tasks.BUILTIN_NAME, seed=index, difficulty={"id": "sky-blue"})
-  assert builtin.lookup(as_task) is task
-  with pytest.raises(KeyError, match="does not belong"):
-    builtin.lookup(types.Task(env="sokoban", seed=index))
+  # A rubric task is its own task (no environment Task stands in for it); its key names it.
+  assert task.key == "sky-blue"
+  assert {t.key: t for t in builtin.tasks}["sky-blue"] is task
+  assert len({t.key for t in builtin.tasks}) == len(builtin)
   with pytest.raises(TypeError, match="must be a str"):
     tasks.check(task, None)
 

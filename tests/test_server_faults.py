@@ -66,6 +66,7 @@ def rubric_config():
 
 
 def one_step(pipe):
+  """(the step's pool, rows, metrics): the stages in the trainer's order, on step 0."""
   record = pipe.roll_out(0)
   for stage in (pipe.judge, pipe.advantages, pipe.select, pipe.teach):
     record = stage(record)
@@ -108,7 +109,7 @@ def test_rubric_step_drops_the_group_of_a_failed_request(server, tokenizer, faul
     pipe.tasks.cursor = 0
     server.inject("/generate", fault, times=2)
     pool, rows, metrics = one_step(pipe)
-  assert [g.task.id for g in pool] == [pipe.task_set.tasks[i].id for i in first[1:]]
+  assert [g.task for g in pool] == [pipe.task_set.tasks[i] for i in first[1:]]
   assert metrics["rollout/groups_dropped"] == 1.0
   assert metrics["rollout/server_retries"] == 1.0
   assert metrics["judge/failed"] == 0.0               # the offline checker judges everything

@@ -1,32 +1,46 @@
 """CriPO and rubric-reward GRPO on open-ended rubric tasks (docs/ALGORITHMS.md §3).
 
-Stages:
-  roll out   the next `select.batch_groups` training tasks of a `tasks.ShuffledStream`, each prompt
+Each stage takes the step's `RubricStep` and returns a copy with its own fields set
+(`dataclasses.replace`); nothing mutates a group, a trajectory or a record:
+
+  roll_out   the next `select.batch_groups` training tasks of a `tasks.ShuffledStream`, each prompt
              (system prompt + question) rendered with the tokenizer's chat template, G single-turn
-             answers each from the engine; a `Trajectory` holds prompt ⊕ answer ids, the loss mask
-             on the answer, the sampler's log-probs and the decoded answer text (`turns[0]`);
+             answers each from the engine; a `types.Group` per task, whose `task` is the
+             `rubric_tasks.RubricTask`; a `Trajectory` holds prompt ⊕ answer ids, the loss mask
+             on the answer, the sampler's log-probs and the decoded answer text (`turns[0]`); a
+             group with a failed engine request is dropped whole -> `pool`, `faults`;
   judge      a verdict r_ij per criterion (`rubrics.criteria`: the deterministic checker offline, an
-             LLM at scale); reward R_i = Σ ω_j r_ij / Z; an answer whose verdicts are unusable is
-             marked `untagged`, left out of its group's statistics and trained on with no loss;
-  advantages GRPO over the group's usable answers, UC, SC, y* and the counterfactual targets
-             (`learn.cripo.analyse_groups`);
-  select     every group (plain GRPO on the batch, as the paper);
+             LLM at scale); reward R_i = Σ ω_j r_ij / Z and success (every positive criterion met,
+             no pitfall) go into new trajectories; an answer without a usable verdict for some
+             criterion is `unjudged`: reward 0, left out of its group's statistics and trained on
+             with no loss -> `pool`, `verdicts`, `unjudged`, `judge_stats`;
+  advantages GRPO over the group's judged answers, UC, SC, y* and the counterfactual targets
+             (`learn.cripo.analyse_groups`) -> `advantages`, `analysis`;
+  select     every group (plain GRPO on the batch, as the paper) -> `chosen`;
   teach      UC branch: the criterion-injection teacher prefix over y* (only y*'s row distils; the
              step localises the tokens); SC branch: a counterfactual teacher prefix for every
              answer with A_i < 0 that meets an SC criterion (the step flips its tokens); an
-             empty answer gets no teacher (counted);
+             empty answer gets no teacher (counted) -> `teacher_ids`, `cf_teacher_ids`,
+             `teacher_stats`;
   rows       student prefix = the question prompt, teacher prefixes = the rendered teacher chats,
              each ⊕ the same answer ids; every prefix ends with the chat template's assistant
              start, checked, so the answer follows each prefix unchanged;
+  metrics    everything the step logs of its stages: the fault counters (groups dropped because
+             an engine request failed after its retries, never trained on in part; the engine's
+             retries), the judge's `judge/…` and the teacher's `cripo/…` counters, CriPO's
+             diagnostics (samples with ≥ 1 UC, with ≥ 1 SC, SC per sample; the step adds
+             `kept_frac` and `flip_frac`), reward and pass rate of the judged answers, the
+             unjudged fraction and count (`rollout/unjudged`, `judge/failed`);
+  log_rollouts  every answer, with its group's notes (chosen, injection teacher, unjudged);
   evaluate   one greedy answer per held-out task, per domain group (science / medicine by
              default): pass rate (every positive criterion met, no pitfall) with its Wilson 95 %
              interval, mean weighted score with a Student-t 95 % interval, the fraction of
              positive criteria met and the pitfall rate (the run log's eval.jsonl keeps the pass
-             rates; `trainer.train` and `rised-eval` return everything);
-  metrics    CriPO's diagnostics of every step (samples with ≥ 1 UC, with ≥ 1 SC, SC per sample;
-             the step adds `kept_frac` and `flip_frac`), reward, pass rate, unusable answers,
-             and the fault counters: groups dropped because an engine request failed after its
-             retries (never trained on in part), the engine's retries, unjudged answers.
+             rates; `trainer.train` and `rised-eval` return everything).
+
+`roll_out` touches only the task stream and the engine, and the later stages neither (the
+in-process criteria judge excepted: it asks the engine, so `judge` runs before the next
+`roll_out` starts); so the trainer may roll out step t + 1 while step t trains.
 
 Which branches run is the config's (`rubric.uc_branch`, `rubric.sc_branch`, with the matching
 step settings; the presets `cripo`, `cripo_u`, `cripo_s` and `grpo_rubric` of `rised_jax.config`).
@@ -174,17 +188,72 @@ def check_config(config) -> None:
   engines.check_config(config)
 
 
-@dataclasses.dataclass
-class RubricGroup(Group):
-  """A group of answers to one rubric task and what CriPO decided about it."""
+@dataclasses.dataclass(frozen=True)
+class GroupAnalysis:
+  """CriPO's decisions for one group with at least one judged answer (`cripo.analyse_groups`
+  over the judged answers; indices are into all G rollouts of the group)."""
 
-  rubric: rubric_tasks.RubricTask | None = None
-  uc: np.ndarray | None = None              # [C] unexplored criteria (None: no usable answer)
-  sc: np.ndarray | None = None              # [C] suppressed criteria
-  best: int | None = None                   # y*, an index into trajectories
-  cf_criteria: np.ndarray | None = None     # [G, C] SC criteria each counterfactual answer meets
-  teacher_ids: list[list[int] | None] = dataclasses.field(default_factory=list)
-  cf_teacher_ids: list[list[int] | None] = dataclasses.field(default_factory=list)
+  uc: np.ndarray            # bool [C]: unexplored criteria
+  sc: np.ndarray            # bool [C]: suppressed criteria
+  best: int                 # y*
+  cf_criteria: np.ndarray   # bool [G, C]: the SC criteria each counterfactual answer meets
+
+
+PrefixIds = tuple[int, ...] | None   # a teacher prefix of one rollout, or None: no teacher
+
+
+@dataclasses.dataclass(frozen=True)
+class RubricStep:
+  """One training step of the rubric pipeline; each stage returns a copy with its fields set.
+
+  Per-group fields are tuples in pool order (K groups, G_k answers, C_k criteria each).
+
+  step, pool       the step and its groups; `group.task` is the `rubric_tasks.RubricTask`
+                   (roll_out; judge replaces each trajectory by one with its reward and success)
+  faults           {"rollout/server_retries", "rollout/groups_dropped"}            (roll_out)
+  verdicts         float32 [G_k, C_k] r_ij, zero rows where unjudged                (judge)
+  unjudged         bool [G_k]: no usable verdict for some criterion                  (judge)
+  judge_stats      {"judge/…": count} of the criteria judge                          (judge)
+  advantages       float32 [G_k], 0 for an unjudged answer                           (advantages)
+  analysis         GroupAnalysis, or None for a group without a judged answer        (advantages)
+  chosen           indices into pool of the groups trained on                        (select)
+  teacher_ids      per group, [G_k] injection teacher prefixes (only y*'s can be set)  (teach)
+  cf_teacher_ids   per group, [G_k] counterfactual teacher prefixes                    (teach)
+  teacher_stats    {"cripo/…": count} of the teacher stage                             (teach)
+  """
+
+  step: int
+  pool: tuple[Group, ...]
+  faults: Mapping[str, float]
+  verdicts: tuple[np.ndarray, ...] | None = None
+  unjudged: tuple[np.ndarray, ...] | None = None
+  judge_stats: Mapping[str, float] | None = None
+  advantages: tuple[np.ndarray, ...] | None = None
+  analysis: tuple[GroupAnalysis | None, ...] | None = None
+  chosen: tuple[int, ...] | None = None
+  teacher_ids: tuple[tuple[PrefixIds, ...], ...] | None = None
+  cf_teacher_ids: tuple[tuple[PrefixIds, ...], ...] | None = None
+  teacher_stats: Mapping[str, float] | None = None
+
+  def teacher_applies(self, k: int) -> bool:
+    """Whether the injection teacher distils a row of group k."""
+    return self.teacher_ids is not None and any(ids is not None for ids in self.teacher_ids[k])
+
+
+def _require(record: RubricStep, stage: str, **fields: Any) -> None:
+  """Raises when `stage` runs before the stages that set `fields` (None: not set yet)."""
+  missing = [name for name, value in fields.items() if value is None]
+  if missing:
+    raise RuntimeError(f"rubric pipeline, step {record.step}: {stage} needs {missing}, which "
+                       "earlier stages set (order: roll_out, judge, advantages, select, teach)")
+
+
+def answer_seed(run_seed: int, task_set: str, index: int, task: rubric_tasks.RubricTask,
+                rollout: int) -> int:
+  """The engine seed of one answer: `sampling_seed` over the key (set name, task index, task id),
+  the one rubric questions had as `types.Task`s, so every answer is sampled as before."""
+  return sampling_seed(run_seed, Task(env=task_set, seed=index, difficulty={"id": task.id}),
+                       rollout, 0)
 
 
 class RubricPipeline:
@@ -217,7 +286,6 @@ class RubricPipeline:
                                         temperature=config.eval.temperature, stop_token_ids=stops)
     self.judge_backend = criteria_lib.make_criteria_judge(
         rc.judge.backend, **judge_options(rc.judge, engine, tokenizer))
-    self.faults: dict[str, float] = {}   # the last roll-out's fault counters
     self.eval_episodes: list[dict[str, Any]] = []   # per-answer records: not kept yet
 
   # ---- prompts ----------------------------------------------------------------------------
@@ -257,14 +325,18 @@ class RubricPipeline:
                           self.config.rubric.strip_thinking)
 
   # ---- stages -----------------------------------------------------------------------------
+  # roll_out touches only the task stream and the engine (it may run in a background thread
+  # while the main thread runs the later stages of the previous record); the later stages
+  # touch neither, except the in-process criteria judge, which the trainer runs before it
+  # launches the next roll_out.
 
-  def roll_out(self, step: int) -> list[Group]:
+  def roll_out(self, step: int) -> RubricStep:
     indices = self.tasks.next(self.config.select.batch_groups)
     group_size = self.config.rollout.group_size
     run_seed = self.config.seed * 1_000_003 + step
-    tasks = [self.task_set.as_task(i) for i in indices]
+    tasks = [self.task_set.tasks[i] for i in indices]
     requests = [GenerationRequest(self.prompt_ids[i], self.sampling,
-                                  seed=sampling_seed(run_seed, task, rollout, 0))
+                                  seed=answer_seed(run_seed, self.task_set.name, i, task, rollout))
                 for i, task in zip(indices, tasks) for rollout in range(group_size)]
     retries = self.engine.server_retries
     results = generate_or_none(self.engine, requests)
@@ -275,18 +347,17 @@ class RubricPipeline:
       mine = results[k * group_size:(k + 1) * group_size]
       if any(r is None for r in mine):   # a request failed: the whole group is dropped
         continue
-      groups.append(RubricGroup(task=task, rubric=self.task_set.tasks[i],
-                                trajectories=[self._trajectory(task, self.prompt_ids[i], r)
-                                              for r in mine]))
-    self.faults = {"rollout/server_retries": float(self.engine.server_retries - retries),
-                   "rollout/groups_dropped": float(len(tasks) - len(groups))}
+      groups.append(Group(task=task, trajectories=[self._trajectory(task, self.prompt_ids[i], r)
+                                                   for r in mine]))
+    faults = {"rollout/server_retries": float(self.engine.server_retries - retries),
+              "rollout/groups_dropped": float(len(tasks) - len(groups))}
     if not groups:
       raise RuntimeError(f"step {step}: every one of the {len(tasks)} rollout groups was "
                          "dropped because engine requests failed after their retries (see the "
                          "log for the server's errors)")
-    return groups
+    return RubricStep(step=step, pool=tuple(groups), faults=faults)
 
-  def _trajectory(self, task: Task, prompt: list[int], result) -> Trajectory:
+  def _trajectory(self, task: rubric_tasks.RubricTask, prompt: list[int], result) -> Trajectory:
     answer = [int(t) for t in result.output_ids]
     if not answer or len(result.logprobs) != len(answer):
       raise RuntimeError(f"engine result for task {task.key} breaks the Engine contract: "
@@ -300,88 +371,108 @@ class RubricPipeline:
                                   invalid=False, events=[])],
                       success=False, reward=0.0, truncated=result.finish_reason == "length")
 
-  def judge(self, pool: list[Group]) -> dict[str, float]:
-    tasks = [g.rubric for g in pool for _ in g.trajectories]
-    trajectories = [t for g in pool for t in g.trajectories]
-    result = self.judge_backend.judge(tasks, [t.turns[0].action_text for t in trajectories])
+  def judge(self, record: RubricStep) -> RubricStep:
+    """Verdicts r_ij per answer; each trajectory is replaced by one with R_i and success (every
+    positive criterion met, no pitfall), both 0 / False where unjudged."""
+    tasks = [g.task for g in record.pool for _ in g.trajectories]
+    answers = [t.turns[0].action_text for g in record.pool for t in g.trajectories]
+    result = self.judge_backend.judge(tasks, answers)
     normalizer = self.group_config.reward_normalizer
-    for task, traj, verdicts, usable in zip(tasks, trajectories, result.verdicts, result.usable):
-      traj.untagged = not usable
-      traj.criteria = verdicts if usable else None
-      traj.reward = (float(cripo.weighted_rewards(verdicts[None, None], task.weights[None], None,
-                                                  normalizer)[0, 0]) if usable else 0.0)
-      traj.turns[0].reward = traj.reward
-      traj.success = usable and passes(verdicts, task.weights)
-    return {f"judge/{k}": float(v) for k, v in result.stats.as_dict().items()}
+    pool, verdicts, unjudged, start = [], [], [], 0
+    for group in record.pool:
+      size, weights = len(group.trajectories), group.task.weights
+      failed = np.asarray(result.unjudged[start:start + size], bool)
+      mine = np.stack(result.verdicts[start:start + size]).astype(np.float32)
+      mine[failed] = 0.0
+      start += size
+      rewards = cripo.weighted_rewards(mine[None], weights[None], None, normalizer)[0]
+      pool.append(dataclasses.replace(group, trajectories=[
+          _with_reward(traj, 0.0 if bad else float(reward), not bad and passes(row, weights))
+          for traj, row, reward, bad in zip(group.trajectories, mine, rewards, failed)]))
+      verdicts.append(mine)
+      unjudged.append(failed)
+    return dataclasses.replace(
+        record, pool=tuple(pool), verdicts=tuple(verdicts), unjudged=tuple(unjudged),
+        judge_stats={f"judge/{k}": float(v) for k, v in result.stats.as_dict().items()})
 
-  def advantages(self, pool: list[Group]) -> None:
-    for group in pool:
-      usable = np.flatnonzero([not t.untagged for t in group.trajectories])
-      group.advantages = np.zeros(len(group.trajectories), np.float32)
-      group.uc = group.sc = group.best = group.cf_criteria = None
-      if not usable.size:
+  def advantages(self, record: RubricStep) -> RubricStep:
+    """GRPO over each group's judged answers (0 for the unjudged) and CriPO's analysis."""
+    _require(record, "advantages", verdicts=record.verdicts, unjudged=record.unjudged)
+    advantages, analyses = [], []
+    for group, verdicts, unjudged in zip(record.pool, record.verdicts, record.unjudged):
+      judged = np.flatnonzero(~unjudged)
+      mine = np.zeros(len(group.trajectories), np.float32)
+      advantages.append(mine)
+      if not judged.size:
+        analyses.append(None)
         continue
-      verdicts = np.stack([group.trajectories[i].criteria for i in usable])
-      analysis = cripo.analyse_groups(verdicts[None], group.rubric.weights[None], None,
+      analysis = cripo.analyse_groups(verdicts[judged][None], group.task.weights[None], None,
                                       self.group_config)
-      group.advantages[usable] = analysis.advantages[0]
-      group.uc, group.sc = analysis.uc_mask[0], analysis.sc_mask[0]
-      group.best = int(usable[analysis.best[0]])
-      group.cf_criteria = np.zeros((len(group.trajectories), verdicts.shape[1]), bool)
-      group.cf_criteria[usable] = analysis.cf_criteria[0]
+      mine[judged] = analysis.advantages[0]
+      cf_criteria = np.zeros(verdicts.shape, bool)
+      cf_criteria[judged] = analysis.cf_criteria[0]
+      analyses.append(GroupAnalysis(uc=analysis.uc_mask[0], sc=analysis.sc_mask[0],
+                                    best=int(judged[analysis.best[0]]), cf_criteria=cf_criteria))
+    return dataclasses.replace(record, advantages=tuple(advantages), analysis=tuple(analyses))
 
-  def select(self, pool: list[Group], step: int) -> list[Group]:
-    for group in pool:
-      group.selected = True
-    return list(pool)
+  def select(self, record: RubricStep) -> RubricStep:
+    """Every group (plain GRPO on the batch, as the paper)."""
+    return dataclasses.replace(record, chosen=tuple(range(len(record.pool))))
 
-  def teach(self, selected: Sequence[Group], pool: Sequence[Group],
-            step: int) -> dict[str, float]:
+  def teach(self, record: RubricStep) -> RubricStep:
+    _require(record, "teach", analysis=record.analysis, chosen=record.chosen)
     injection = counterfactual = skipped_empty = 0
     rc = self.config.rubric
-    for group in selected:
-      size = len(group.trajectories)
-      group.teacher_ids, group.cf_teacher_ids = [None] * size, [None] * size
-      group.teacher_prefix = None
-      if group.uc is None:
+    chosen = set(record.chosen)
+    teacher_ids, cf_teacher_ids = [], []
+    for k, (group, analysis) in enumerate(zip(record.pool, record.analysis)):
+      teachers: list[PrefixIds] = [None] * len(group.trajectories)
+      cf_teachers: list[PrefixIds] = [None] * len(group.trajectories)
+      teacher_ids.append(teachers)
+      cf_teacher_ids.append(cf_teachers)
+      if k not in chosen or analysis is None:
         continue
-      question, texts = group.rubric.prompt, [c.text for c in group.rubric.criteria]
-      if rc.uc_branch and group.uc.any():
-        answer = group.trajectories[group.best].turns[0].action_text
+      question, texts = group.task.prompt, [c.text for c in group.task.criteria]
+      if rc.uc_branch and analysis.uc.any():
+        answer = group.trajectories[analysis.best].turns[0].action_text
         if answer:
           messages = cripo_prefix.injection_messages(
-              question, answer, [texts[j] for j in np.flatnonzero(group.uc)], self.system_prompt,
-              self.injection_template)
-          group.teacher_ids[group.best] = self._prefix_ids(messages, "injection teacher")
-          group.teacher_prefix = self.tokenizer.render_chat(messages, add_generation_prompt=True)
+              question, answer, [texts[j] for j in np.flatnonzero(analysis.uc)],
+              self.system_prompt, self.injection_template)
+          teachers[analysis.best] = tuple(self._prefix_ids(messages, "injection teacher"))
           injection += 1
         else:
           skipped_empty += 1
       if rc.sc_branch:
-        for i in np.flatnonzero(group.cf_criteria.any(-1)):
+        for i in np.flatnonzero(analysis.cf_criteria.any(-1)):
           answer = group.trajectories[i].turns[0].action_text
           if not answer:
             skipped_empty += 1
             continue
           messages = cripo_prefix.counterfactual_messages(
-              question, answer, [texts[j] for j in np.flatnonzero(group.cf_criteria[i])],
+              question, answer, [texts[j] for j in np.flatnonzero(analysis.cf_criteria[i])],
               self.system_prompt, self.counterfactual_template)
-          group.cf_teacher_ids[i] = self._prefix_ids(messages, "counterfactual teacher")
+          cf_teachers[i] = tuple(self._prefix_ids(messages, "counterfactual teacher"))
           counterfactual += 1
-    return {"cripo/injection_rows": float(injection),
-            "cripo/counterfactual_rows": float(counterfactual),
-            "cripo/skipped_empty_answers": float(skipped_empty)}
+    return dataclasses.replace(
+        record, teacher_ids=tuple(map(tuple, teacher_ids)),
+        cf_teacher_ids=tuple(map(tuple, cf_teacher_ids)),
+        teacher_stats={"cripo/injection_rows": float(injection),
+                       "cripo/counterfactual_rows": float(counterfactual),
+                       "cripo/skipped_empty_answers": float(skipped_empty)})
 
-  def rows(self, selected: Sequence[Group]) -> list[Row]:
+  def rows(self, record: RubricStep) -> list[Row]:
+    """The chosen groups' rows, in pool order."""
+    _require(record, "rows", advantages=record.advantages, teacher_ids=record.teacher_ids)
     rows = []
-    for group in selected:
-      teachers = group.teacher_ids or [None] * len(group.trajectories)
-      cf_teachers = group.cf_teacher_ids or [None] * len(group.trajectories)
-      for traj, adv, teacher, cf_teacher in zip(group.trajectories, group.advantages, teachers,
-                                                cf_teachers):
+    for k in record.chosen:
+      group = record.pool[k]
+      for traj, adv, unjudged, teacher, cf_teacher in zip(
+          group.trajectories, record.advantages[k], record.unjudged[k], record.teacher_ids[k],
+          record.cf_teacher_ids[k], strict=True):
         answer = traj.token_ids[traj.prompt_len:]
-        # An answer without usable verdicts stays in the batch (fixed shapes) with no loss.
-        mask = [0] * len(answer) if traj.untagged else traj.loss_mask[traj.prompt_len:]
+        # An unjudged answer stays in the batch (fixed shapes) with no loss.
+        mask = [0] * len(answer) if unjudged else traj.loss_mask[traj.prompt_len:]
         rows.append(Row(prefix_ids=traj.token_ids[:traj.prompt_len], response_ids=answer,
                         response_loss_mask=mask,
                         response_behaviour_logprobs=traj.behaviour_logprobs[traj.prompt_len:],
@@ -389,8 +480,8 @@ class RubricPipeline:
                         cf_teacher_prefix_ids=cf_teacher))
     return rows
 
-  def observe(self, pool: Sequence[Group]) -> None:
-    del pool   # no memory across steps besides the task cursor
+  def observe(self, record: RubricStep) -> None:
+    del record   # no memory across steps besides the task cursor
 
   def evaluate(self) -> dict[str, dict[str, float]]:
     """Per evaluation group of the held-out tasks (module docstring); greedy by default.
@@ -399,17 +490,17 @@ class RubricPipeline:
     """
     tasks = [self.task_set.tasks[i] for i in self.eval_indices]
     requests = [GenerationRequest(self.prompt_ids[i], self.eval_sampling,
-                                  seed=sampling_seed(self.config.seed, self.task_set.as_task(i),
-                                                     0, 0))
+                                  seed=answer_seed(self.config.seed, self.task_set.name, i,
+                                                   self.task_set.tasks[i], 0))
                 for i in self.eval_indices]
     answers = [self._answer_text(r.output_ids) for r in self.engine.generate(requests)]
     judged = self.judge_backend.judge(tasks, answers)
     normalizer = self.group_config.reward_normalizer
     records: dict[str, list[tuple[bool, float, float, bool]]] = {}
     unjudged: dict[str, int] = {}
-    for task, verdicts, usable in zip(tasks, judged.verdicts, judged.usable):
+    for task, verdicts, failed in zip(tasks, judged.verdicts, judged.unjudged):
       group = self.eval_group.get(task.domain or "", OTHER_DOMAINS)
-      if not usable:
+      if failed:
         unjudged[group] = unjudged.get(group, 0) + 1
         continue
       score = float(cripo.weighted_rewards(verdicts[None, None], task.weights[None], None,
@@ -433,36 +524,56 @@ class RubricPipeline:
           "pitfall_rate": float(np.mean(pitfalls)), "unjudged": unjudged.get(group, 0)}
     return results
 
-  def metrics(self, pool: Sequence[Group], selected: Sequence[Group]) -> dict[str, float]:
-    trajectories = [t for g in pool for t in g.trajectories]
-    judged = [t for t in trajectories if not t.untagged]
+  def metrics(self, record: RubricStep) -> dict[str, float]:
+    """Everything the step logs about its stages: the roll-out's faults, the judge's and the
+    teacher's counters, and the diagnostics; `rollout/reward` is the mean reward of the judged
+    answers (0 when none is judged, which `judge/failed` then shows)."""
+    _require(record, "metrics", judge_stats=record.judge_stats, analysis=record.analysis,
+             chosen=record.chosen, teacher_stats=record.teacher_stats)
+    trajectories = [t for g in record.pool for t in g.trajectories]
+    unjudged = np.concatenate(record.unjudged)
+    judged = [t for t, bad in zip(trajectories, unjudged) if not bad]
     metrics = {
-        "rollout/unusable": float(np.mean([t.untagged for t in trajectories])),
+        "rollout/unjudged": float(unjudged.mean()),
         "rollout/answer_tokens": float(np.mean([t.num_agent_tokens for t in trajectories])),
         "rollout/truncated": float(np.mean([t.truncated for t in trajectories])),
-        "judge/failed": float(sum(t.untagged for t in trajectories)),
-        **self.faults,
+        "rollout/reward": float(np.mean([t.reward for t in judged])) if judged else 0.0,
+        "judge/failed": float(unjudged.sum()),
+        **record.faults, **record.judge_stats, **record.teacher_stats,
     }
     if judged:
-      metrics["rollout/reward"] = float(np.mean([t.reward for t in judged]))
       metrics["rollout/pass_rate"] = float(np.mean([t.success for t in judged]))
-    analysed = [g for g in selected if g.uc is not None]
+    analysed = [k for k in record.chosen if record.analysis[k] is not None]
     metrics["select/zero_variance_groups"] = float(sum(
-        np.ptp([t.reward for t in g.trajectories if not t.untagged]) == 0 for g in analysed))
+        np.ptp(record.pool[k].rewards[~record.unjudged[k]]) == 0 for k in analysed))
     if analysed:
-      width = max(len(g.uc) for g in analysed)
+      width = max(len(record.analysis[k].uc) for k in analysed)
       uc, sc = np.zeros((len(analysed), width), bool), np.zeros((len(analysed), width), bool)
-      for k, group in enumerate(analysed):
-        uc[k, :len(group.uc)], sc[k, :len(group.sc)] = group.uc, group.sc
+      for row, k in enumerate(analysed):
+        analysis = record.analysis[k]
+        uc[row, :len(analysis.uc)], sc[row, :len(analysis.sc)] = analysis.uc, analysis.sc
       metrics.update(cripo.group_diagnostics(uc, sc))
     return metrics
 
-  def log_rollouts(self, log: runlog.RunLog, step: int, pool: Sequence[Group]) -> None:
-    """Every answer of the pool (no tags: verdicts are per criterion, in the metrics)."""
-    log.rollouts(step, pool, None)
+  def log_rollouts(self, log: runlog.RunLog, step: int, record: RubricStep) -> None:
+    """Every answer of the pool (no tags: verdicts are per criterion, in the metrics); a group
+    is marked `teacher` when the injection teacher distils one of its rows."""
+    _require(record, "log_rollouts", unjudged=record.unjudged, chosen=record.chosen,
+             teacher_ids=record.teacher_ids)
+    chosen = set(record.chosen)
+    notes = [runlog.GroupNotes(selected=k in chosen, teacher=record.teacher_applies(k),
+                               unjudged=tuple(bool(u) for u in record.unjudged[k]))
+             for k in range(len(record.pool))]
+    log.rollouts(step, record.pool, notes, None)
 
   def host_state(self) -> Mapping[str, Any]:
     return {"rubric_tasks": self.tasks}
+
+
+def _with_reward(traj: Trajectory, reward: float, success: bool) -> Trajectory:
+  """A judged copy of a one-turn answer: its reward on the trajectory and on its turn."""
+  return dataclasses.replace(traj, reward=reward, success=success,
+                             turns=[dataclasses.replace(traj.turns[0], reward=reward)])
 
 
 PIPELINE = RubricPipeline

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rised_jax import json_data, types
+from rised_jax import json_data
 from rised_jax.rubric_tasks import checks as checks_lib
 from rised_jax.rubric_tasks import text as text_lib
 from rised_jax.rubric_tasks.checks import RubricFormatError
@@ -60,6 +60,11 @@ class RubricTask:
   domain: str | None = None
 
   @property
+  def key(self) -> str:
+    """The task's name in logs (rollouts.jsonl's "task"): its id, unique within its task set."""
+    return self.id
+
+  @property
   def weights(self) -> np.ndarray:
     """ω as float32 [num_criteria]."""
     return np.asarray([c.weight for c in self.criteria], np.float32)
@@ -67,25 +72,13 @@ class RubricTask:
 
 @dataclasses.dataclass(frozen=True)
 class RubricTaskSet:
-  """A named list of rubric tasks; `types.Task(env=name, seed=index)` refers to one of them."""
+  """A named list of rubric tasks (ids unique: the loader checks it)."""
 
   name: str
   tasks: tuple[RubricTask, ...]
 
   def __len__(self) -> int:
     return len(self.tasks)
-
-  def as_task(self, index: int) -> types.Task:
-    if not 0 <= index < len(self.tasks):
-      raise IndexError(f"task index {index} out of range for {self.name!r} ({len(self.tasks)} tasks)")
-    return types.Task(env=self.name, seed=index, difficulty={"id": self.tasks[index].id})
-
-  def lookup(self, task: types.Task) -> RubricTask:
-    if task.env != self.name:
-      raise KeyError(f"task {task.key!r} does not belong to the rubric task set {self.name!r}")
-    if not 0 <= task.seed < len(self.tasks):
-      raise KeyError(f"task {task.key!r}: seed out of range for {self.name!r} ({len(self.tasks)} tasks)")
-    return self.tasks[task.seed]
 
 
 def _string(obj: dict[str, Any], key: str, where: str) -> str:

@@ -6,11 +6,12 @@ criterion j of the task of every answer i.
   result = judge.judge(tasks, answers)        # one RubricTask and one answer text per rollout
 
 `result.verdicts[i]` is float32 [C_i] in rubric order (for a pitfall, 1 means the answer commits
-it). `result.usable[i]` is False when some verdict of answer i could not be obtained; the caller
-then leaves that rollout out of the group statistics. It is counted, never guessed.
+it). `result.unjudged[i]` is True when some verdict of answer i could not be obtained (its row
+is then zeros); the caller leaves that rollout out of the group statistics. It is counted, never
+guessed.
 
 Backends:
-  checker     `rubric_tasks.check`, the machine checks of the task file; never unusable.
+  checker     `rubric_tasks.check`, the machine checks of the task file; never unjudged.
   genai, openai, inprocess
               the LLM judges of `rubrics.llm_judges`, asked one question per (answer, criterion);
               all questions of a call go out together (bounded concurrency for the HTTP
@@ -22,7 +23,7 @@ Backends:
               so the backends' JSON schema, lenient parser, cache (keyed by the rendered
               question: an identical answer is not judged twice), retries and error
               classification apply unchanged. A question answered with neither or both tags,
-              with garbage, or not at all (a failed request) is unusable. A misconfigured
+              with garbage, or not at all (a failed request) leaves its answer unjudged. A misconfigured
               backend (bad key, unknown model or endpoint: HTTP 401/403/404) raises `JudgeError`
               as in RISED, since every later request would fail the same way.
 
@@ -67,10 +68,10 @@ _TRANSCRIPT_OPTIONS = ("max_turns", "max_chars", "describe_task")
 class CriteriaStats:
   """Counters of one `judge` call."""
 
-  answers: int = 0              # answers judged
-  unusable_answers: int = 0     # answers with at least one unusable verdict
+  answers: int = 0              # answers the judge was asked about
+  unjudged_answers: int = 0     # answers with at least one question left without a verdict
   questions: int = 0            # (answer, criterion) pairs
-  unusable_questions: int = 0   # pairs without a usable verdict
+  unjudged_questions: int = 0   # pairs without a usable verdict
   cache_hits: int = 0           # LLM: questions answered from the cache
   requests: int = 0             # LLM: questions sent to the model (first attempts)
   retries: int = 0              # LLM: extra attempts after transient errors
@@ -84,8 +85,8 @@ class CriteriaStats:
 class CriteriaVerdicts:
   """A judge's answer for a list of answers (module docstring)."""
 
-  verdicts: list[np.ndarray]    # per answer, float32 [C] (zeros where unusable)
-  usable: np.ndarray            # bool [answers]
+  verdicts: list[np.ndarray]    # per answer, float32 [C] (zeros where unjudged)
+  unjudged: np.ndarray          # bool [answers]: no usable verdict for some criterion
   stats: CriteriaStats
 
 
@@ -157,10 +158,10 @@ class CriteriaJudge(abc.ABC):
         raise ValueError(f"{self.backend} criteria judge: answers[{i}] is "
                          f"{type(answer).__name__}; expected str")
     result = self._judge(list(tasks), list(answers))
-    if result.stats.unusable_answers:
-      log.warning("%s criteria judge: %d of %d answers unusable (%d of %d questions; %d failed "
-                  "requests)", self.backend, result.stats.unusable_answers, result.stats.answers,
-                  result.stats.unusable_questions, result.stats.questions,
+    if result.stats.unjudged_answers:
+      log.warning("%s criteria judge: %d of %d answers unjudged (%d of %d questions; %d failed "
+                  "requests)", self.backend, result.stats.unjudged_answers, result.stats.answers,
+                  result.stats.unjudged_questions, result.stats.questions,
                   result.stats.failed_requests)
     return result
 
@@ -177,11 +178,11 @@ class CheckerJudge(CriteriaJudge):
   def _judge(self, tasks: list[RubricTask], answers: list[str]) -> CriteriaVerdicts:
     verdicts = [check(task, answer) for task, answer in zip(tasks, answers)]
     stats = CriteriaStats(answers=len(answers), questions=sum(len(v) for v in verdicts))
-    return CriteriaVerdicts(verdicts, np.ones(len(answers), bool), stats)
+    return CriteriaVerdicts(verdicts, np.zeros(len(answers), bool), stats)
 
 
 def _verdict_value(verdict) -> float | None:
-  """1.0 (met), 0.0 (not met) or None (unusable: no answer, garbage, neither or both tags)."""
+  """1.0 (met), 0.0 (not met) or None (unjudged: no answer, garbage, neither or both tags)."""
   if verdict.unjudged:
     return None
   met, not_met = bool(verdict.tags[0]), bool(verdict.tags[1])
@@ -207,18 +208,19 @@ class LLMCriteriaJudge(CriteriaJudge):
     replies, llm_stats = self.llm.judge_trajectories(questions)
     values = [_verdict_value(v) for v in replies]
     stats = CriteriaStats(answers=len(answers), questions=len(questions),
-                          unusable_questions=sum(v is None for v in values),
+                          unjudged_questions=sum(v is None for v in values),
                           cache_hits=llm_stats.cache_hits, requests=llm_stats.requests,
                           retries=llm_stats.retries, failed_requests=llm_stats.failed_requests)
-    verdicts, usable = [], np.ones(len(answers), bool)
+    verdicts, unjudged = [], np.zeros(len(answers), bool)
     start = 0
     for i, task in enumerate(tasks):
       mine = values[start:start + len(task.criteria)]
       start += len(task.criteria)
-      usable[i] = all(v is not None for v in mine)
-      verdicts.append(np.asarray([0.0 if v is None else v for v in mine], np.float32))
-    stats.unusable_answers = int((~usable).sum())
-    return CriteriaVerdicts(verdicts, usable, stats)
+      unjudged[i] = any(v is None for v in mine)
+      verdicts.append(np.zeros(len(mine), np.float32) if unjudged[i] else
+                      np.asarray(mine, np.float32))
+    stats.unjudged_answers = int(unjudged.sum())
+    return CriteriaVerdicts(verdicts, unjudged, stats)
 
 
 def accepted_options(backend: str) -> list[str]:
