@@ -7,6 +7,7 @@ import pytest
 from rised_jax.rubrics import Vocabulary
 from rised_jax.teach import (GuidanceMemory, PositiveMemory, PositiveTeacher, available_positives,
                              positive_teacher_prefix)
+from rised_jax.teach.positive import positive_counts
 from rised_jax.types import Group, GroupTags, Task, Trajectory
 
 SYSTEM = "You are an agent in a grid world."
@@ -55,6 +56,17 @@ def test_pool_level_positives_from_the_same_environment_only(vocab):
   # The group itself does not count as "elsewhere in the pool".
   alone = available_positives(0, *pool_of(target, other_env), vocab)
   assert alone.source == "none" and alone.tags == ()
+
+
+def test_tags_that_do_not_match_their_groups_are_refused(vocab):
+  """A group of 1 rollout given 2 tag rows used to broadcast and count both rows."""
+  one, _ = group(vocab, "maze", 0, (True, ["valid_syntax"]))
+  _, two_rows = group(vocab, "maze", 1, (True, ["efficient"]), (True, ["efficient"]))
+  with pytest.raises(ValueError, match=r"group 0 \(maze:0\) has 1 rollouts but its tags have "
+                     r"shape \(2, 13\)"):
+    positive_counts([one], [two_rows], vocab)
+  with pytest.raises(ValueError, match="0 GroupTags for a pool of 1 groups"):
+    available_positives(0, [one], [], vocab)
 
 
 def test_memory_level_and_expiry(vocab):
