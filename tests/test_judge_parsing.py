@@ -1,4 +1,4 @@
-"""The judge parser on any model output (issue 9): a verdict or untagged, never an exception,
+"""The judge parser on any model output (issue 9): a verdict or unjudged, never an exception,
 in time linear in the answer's length.
 
 The fuzz set is seeded and generated: well-formed answers (whose tags are known, so the
@@ -109,7 +109,7 @@ def fuzz_set(vocab: Vocabulary) -> list[tuple[Any, set[str] | None]]:
   return cases
 
 
-def test_fuzzed_answers_give_a_verdict_or_untagged_in_bounded_time(vocab):
+def test_fuzzed_answers_give_a_verdict_or_unjudged_in_bounded_time(vocab):
   cases = fuzz_set(vocab)
   assert len(cases) >= 5000
   slowest = 0.0
@@ -120,14 +120,14 @@ def test_fuzzed_answers_give_a_verdict_or_untagged_in_bounded_time(vocab):
     slowest = max(slowest, time.perf_counter() - start)
     assert verdict.tags.shape == (len(vocab),) and verdict.tags.dtype == np.float32
     assert set(np.unique(verdict.tags)) <= {0.0, 1.0}
-    assert isinstance(verdict.untagged, bool) and isinstance(verdict.raw, str)
+    assert isinstance(verdict.unjudged, bool) and isinstance(verdict.raw, str)
     assert all(isinstance(u, str) and len(u) <= 200 for u in verdict.unknown_tags)
-    if verdict.untagged:
+    if verdict.unjudged:
       assert not verdict.tags.any()
     if not isinstance(answer, str):
-      assert verdict.untagged
+      assert verdict.unjudged
     if expected is not None:
-      assert not verdict.untagged and set(vocab.ids_of(verdict.tags)) == expected, answer
+      assert not verdict.unjudged and set(vocab.ids_of(verdict.tags)) == expected, answer
       checked += 1
   assert checked == 1500
   assert slowest < MAX_SECONDS_PER_INPUT, f"slowest parse took {slowest:.3f} s"
@@ -138,13 +138,13 @@ def test_fuzzed_answers_give_a_verdict_or_untagged_in_bounded_time(vocab):
     '{"tags": [' + "9" * 5000 + "]}",            # was ValueError (int digit limit)
     5, math.nan, {"tags": ["gave_up"]},          # was AttributeError
 ])
-def test_the_reported_crashes_are_untagged(vocab, answer):
-  assert parse_verdict(answer, vocab).untagged
+def test_the_reported_crashes_are_unjudged(vocab, answer):
+  assert parse_verdict(answer, vocab).unjudged
 
 
 def test_many_braces_parse_in_linear_time(vocab):
   start = time.perf_counter()
-  assert parse_verdict("{" * 200_000, vocab).untagged   # was 24 s
+  assert parse_verdict("{" * 200_000, vocab).unjudged   # was 24 s
   assert time.perf_counter() - start < MAX_SECONDS_PER_INPUT
 
 
@@ -152,8 +152,8 @@ def test_a_verdict_after_junk_and_the_size_limit(vocab):
   junk = "{ [ ` {{ [[ " * 1000
   assert vocab.ids_of(parse_verdict(junk + '{"tags": ["gave_up"]}', vocab).tags) == ["gave_up"]
   answer = '{"tags": ["gave_up"]}'
-  assert not parse_verdict(answer + " " * (MAX_ANSWER_CHARS - len(answer)), vocab).untagged
-  assert parse_verdict(answer + " " * (MAX_ANSWER_CHARS + 1 - len(answer)), vocab).untagged
+  assert not parse_verdict(answer + " " * (MAX_ANSWER_CHARS - len(answer)), vocab).unjudged
+  assert parse_verdict(answer + " " * (MAX_ANSWER_CHARS + 1 - len(answer)), vocab).unjudged
   assert parse_verdict(5, vocab).raw == "<not text: 5>"
 
 

@@ -24,7 +24,7 @@ FAST_RETRY = {"backoff_s": 0.001, "max_backoff_s": 0.002}
 
 
 def fuzz_cases():
-  """(answer, expected tags or None for untagged, expected unknown-tag count)."""
+  """(answer, expected tags or None for unjudged, expected unknown-tag count)."""
   cases = [
       ('{"tags": ["valid_syntax", "gave_up"]}', {"valid_syntax", "gave_up"}, 0),
       ('Verdict:\n```json\n{"tags": ["EFFICIENT", "makes progress"]}\n```',
@@ -71,16 +71,29 @@ def make_groups(case_ids, duplicate_first=False):
   return [Group(t.task, trajs[k:k + 2]) for k, t in enumerate(trajs) if k % 2 == 0]
 
 
-def check_verdicts(vocab, groups, stats, case_ids):
-  trajs = [t for g in groups for t in g.trajectories]
-  assert len(trajs) == len(case_ids)
-  for traj, i in zip(trajs, case_ids):
+def rows_of(groups, tags):
+  """The judge's (tag row, unjudged) per rollout, in the groups' order; checks that `tags` has
+  one GroupTags per group and one row per rollout."""
+  assert [len(t.unjudged) for t in tags] == [len(g.trajectories) for g in groups]
+  assert [len(t.tags) for t in tags] == [len(g.trajectories) for g in groups]
+  return [(row, bool(flag)) for t in tags for row, flag in zip(t.tags, t.unjudged)]
+
+
+def check_verdicts(vocab, groups, tags, stats, case_ids):
+  rows = rows_of(groups, tags)
+  assert len(rows) == len(case_ids)
+  for (row, unjudged), i in zip(rows, case_ids):
     _, expected, _ = CASES[i]
-    assert traj.untagged == (expected is None), (i, CASES[i][0])
-    assert set(vocab.ids_of(traj.tags)) == (expected or set()), (i, CASES[i][0])
+    assert unjudged == (expected is None), (i, CASES[i][0])
+    assert set(vocab.ids_of(row)) == (expected or set()), (i, CASES[i][0])
   assert stats.judged == len(case_ids)
-  assert stats.untagged == sum(CASES[i][1] is None for i in case_ids)
+  assert stats.unjudged == sum(CASES[i][1] is None for i in case_ids)
   assert stats.unknown_tags == sum(CASES[i][2] for i in case_ids)
+
+
+def all_unjudged(groups, tags):
+  """Every rollout of `groups` is unjudged, with a zero tag row."""
+  return all(unjudged and not row.any() for row, unjudged in rows_of(groups, tags))
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +137,8 @@ def test_fuzzed_answers_never_crash_and_are_counted(vocab, gemini_key, openai_ke
   case_ids = list(range(len(CASES)))
   with make_server(scripted) as server:
     groups = make_groups(case_ids)
-    stats = make(vocab, server, max_concurrency=4).judge(groups)
-  check_verdicts(vocab, groups, stats, case_ids)
+    tags, stats = make(vocab, server, max_concurrency=4).judge(groups)
+  check_verdicts(vocab, groups, tags, stats, case_ids)
   assert stats.requests == len(CASES) and stats.failed_requests == 0 and stats.retries == 0
 
 
@@ -138,8 +151,9 @@ def test_in_process_fuzzed_answers(vocab):
 
   case_ids = list(range(len(CASES)))
   groups = make_groups(case_ids)
-  stats = make_judge("inprocess", vocab, generate_text=generate_text, batch_size=16).judge(groups)
-  check_verdicts(vocab, groups, stats, case_ids)
+  judge = make_judge("inprocess", vocab, generate_text=generate_text, batch_size=16)
+  tags, stats = judge.judge(groups)
+  check_verdicts(vocab, groups, tags, stats, case_ids)
   assert calls == [16, 16, 8]
 
 
@@ -177,30 +191,30 @@ def test_openai_wire_format(vocab, openai_key):
 def test_openai_without_key_or_json_mode(vocab, monkeypatch):
   monkeypatch.delenv("OPENAI_API_KEY", raising=False)
   with FakeOpenAIServer(scripted) as server:
-    ok = openai_judge(vocab, server).judge(make_groups([0]))
+    _, ok = openai_judge(vocab, server).judge(make_groups([0]))
     # "none" sends no response_format; this server insists on JSON mode and answers 400.
-    refused = openai_judge(vocab, server, response_format="none").judge(make_groups([0]))
+    _, refused = openai_judge(vocab, server, response_format="none").judge(make_groups([0]))
   assert server.requests[0].headers["authorization"] == "Bearer EMPTY"
   assert "response_format" not in server.requests[1].body
-  assert ok.untagged == 0 and refused.untagged == 1 and refused.failed_requests == 1
+  assert ok.unjudged == 0 and refused.unjudged == 1 and refused.failed_requests == 1
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_cache_avoids_judging_identical_transcripts_twice(vocab, gemini_key, openai_key, backend):
   make_server, make = BACKENDS[backend]
-  case_ids = [0, 1, 5, 14]   # two usable answers, two untagged
+  case_ids = [0, 1, 5, 14]   # two usable answers, two unjudged
   with make_server(scripted) as server:
     judge = make(vocab, server)
     groups = make_groups(case_ids, duplicate_first=True)
-    stats = judge.judge(groups)
+    tags, stats = judge.judge(groups)
     assert stats.requests == 4 and stats.cache_hits == 1   # the duplicate transcript
     assert len(server.requests) == 4
-    check_verdicts(vocab, groups, stats, case_ids + [0])
+    check_verdicts(vocab, groups, tags, stats, case_ids + [0])
     regroups = make_groups(case_ids)
-    again = judge.judge(regroups)
+    again_tags, again = judge.judge(regroups)
   # Usable answers come from the cache; unusable ones are asked again.
   assert again.cache_hits == 2 and again.requests == 2 and len(server.requests) == 6
-  check_verdicts(vocab, regroups, again, case_ids)
+  check_verdicts(vocab, regroups, again_tags, again, case_ids)
 
 
 def test_cache_key_distinguishes_backend_model_and_prompt(vocab):
@@ -234,32 +248,32 @@ def test_transient_errors_are_retried(vocab, gemini_key, openai_key, backend, st
   make_server, make = BACKENDS[backend]
   with make_server(Flaky(failures=2, status=status)) as server:
     groups = make_groups([0, 1])
-    stats = make(vocab, server, max_retries=3).judge(groups)
-  check_verdicts(vocab, groups, stats, [0, 1])
+    tags, stats = make(vocab, server, max_retries=3).judge(groups)
+  check_verdicts(vocab, groups, tags, stats, [0, 1])
   assert stats.retries == 4 and stats.failed_requests == 0 and len(server.requests) == 6
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_exhausted_retries_and_bad_requests_leave_rollouts_untagged(vocab, gemini_key,
+def test_exhausted_retries_and_bad_requests_leave_rollouts_unjudged(vocab, gemini_key,
                                                                     openai_key, backend):
   make_server, make = BACKENDS[backend]
   with make_server(Flaky(failures=5)) as server:
     groups = make_groups([0, 1])
-    stats = make(vocab, server, max_retries=1).judge(groups)
-  assert all(t.untagged and not t.tags.any() for g in groups for t in g.trajectories)
-  assert stats.untagged == 2 and stats.failed_requests == 2 and stats.retries == 2
+    tags, stats = make(vocab, server, max_retries=1).judge(groups)
+  assert all_unjudged(groups, tags)
+  assert stats.unjudged == 2 and stats.failed_requests == 2 and stats.retries == 2
   with make_server(Flaky(failures=5, status=400)) as server:   # not retried
-    stats = make(vocab, server, max_retries=3).judge(make_groups([0]))
-  assert stats.untagged == 1 and stats.failed_requests == 1 and stats.retries == 0
+    _, stats = make(vocab, server, max_retries=3).judge(make_groups([0]))
+  assert stats.unjudged == 1 and stats.failed_requests == 1 and stats.retries == 0
   assert len(server.requests) == 1
 
 
-def test_unreachable_server_is_transient_then_untagged(vocab, gemini_key):
+def test_unreachable_server_is_transient_then_unjudged(vocab, gemini_key):
   with FakeGenaiServer(scripted, SECRET) as server:
     url = server.url
   judge = GeminiJudge(vocab, model=MODEL, base_url=url, max_retries=1, **FAST_RETRY)
-  stats = judge.judge(make_groups([0]))
-  assert stats.untagged == 1 and stats.retries == 1 and stats.failed_requests == 1
+  _, stats = judge.judge(make_groups([0]))
+  assert stats.unjudged == 1 and stats.retries == 1 and stats.failed_requests == 1
 
 
 def test_bounded_concurrency(vocab, openai_key):
@@ -282,7 +296,7 @@ def test_bounded_concurrency(vocab, openai_key):
     return scripted(prompt)
 
   with FakeOpenAIServer(answer, SECRET) as server:
-    stats = openai_judge(vocab, server, max_concurrency=3).judge(make_groups(range(6)))
+    _, stats = openai_judge(vocab, server, max_concurrency=3).judge(make_groups(range(6)))
   assert in_flight["peak"] == 3 and in_flight["met"] == 6
   assert stats.judged == 6 and stats.failed_requests == 0
 
@@ -325,7 +339,7 @@ def test_openai_key_is_scrubbed_from_errors_and_logs(vocab, monkeypatch, caplog)
   # Transient failures are logged: scrubbed too.
   with FakeOpenAIServer(lambda p: Reply(status=503, message=f"overloaded, key {SECRET}"),
                         SECRET) as server:
-    stats = openai_judge(vocab, server, max_retries=1).judge(make_groups([0]))
+    _, stats = openai_judge(vocab, server, max_retries=1).judge(make_groups([0]))
   assert stats.failed_requests == 1
   assert "overloaded" in caplog.text and "[REDACTED]" in caplog.text
   assert SECRET not in caplog.text
@@ -337,27 +351,27 @@ def test_in_process_judge_contract(vocab):
   with pytest.raises(TypeError, match="not callable"):
     InProcessJudge(vocab, generate_text="model")
   # Non-string answers are unusable, not a crash.
-  stats = InProcessJudge(vocab, generate_text=lambda ps: [None] * len(ps)).judge(
+  _, stats = InProcessJudge(vocab, generate_text=lambda ps: [None] * len(ps)).judge(
       make_groups([0, 1]))
-  assert stats.untagged == 2
+  assert stats.unjudged == 2
   with pytest.raises(ValueError, match=r"response_format='xml'"):
     OpenAICompatibleJudge(vocab, model=MODEL, response_format="xml")
 
 
-# -- issue 9: any answer is a verdict or untagged; one retry policy with Retry-After ----------
+# -- issue 9: any answer is a verdict or unjudged; one retry policy with Retry-After ----------
 
 NON_TEXT = [5, float("nan"), {"tags": ["valid_syntax"]}, None, [1, 2], True, 1e308]
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_non_text_answers_are_untagged_never_a_crash(vocab, gemini_key, openai_key, backend):
+def test_non_text_answers_are_unjudged_never_a_crash(vocab, gemini_key, openai_key, backend):
   make_server, make = BACKENDS[backend]
   answers = {i: value for i, value in enumerate(NON_TEXT)}
   with make_server(lambda prompt: Reply(text=answers[case_of(prompt)])) as server:
     groups = make_groups(range(len(NON_TEXT)))
-    stats = make(vocab, server, max_retries=0).judge(groups)
-  assert all(t.untagged and not t.tags.any() for g in groups for t in g.trajectories)
-  assert stats.judged == stats.untagged == len(NON_TEXT)
+    tags, stats = make(vocab, server, max_retries=0).judge(groups)
+  assert all_unjudged(groups, tags)
+  assert stats.judged == stats.unjudged == len(NON_TEXT)
   assert len(server.requests) == len(NON_TEXT)   # a wrong answer is not a transient error
 
 
@@ -376,9 +390,9 @@ def test_retry_after_is_honoured(vocab, gemini_key, openai_key, backend):
     groups = make_groups([0])
     start = time.monotonic()
     # Its own waits are at most 0.001 s; waits up to max_backoff_s are allowed.
-    stats = make(vocab, server, max_retries=2, max_backoff_s=5.0).judge(groups)
+    tags, stats = make(vocab, server, max_retries=2, max_backoff_s=5.0).judge(groups)
     waited = time.monotonic() - start
-  check_verdicts(vocab, groups, stats, [0])
+  check_verdicts(vocab, groups, tags, stats, [0])
   assert stats.retries == 1 and len(server.requests) == 2
   assert 1.0 <= waited < 4.0
 
@@ -390,7 +404,7 @@ def test_retry_after_beyond_the_longest_wait_fails_the_request(vocab, gemini_key
   with make_server(lambda p: Reply(status=503, message="down for maintenance",
                                    headers={"Retry-After": "3600"})) as server:
     start = time.monotonic()
-    stats = make(vocab, server, max_retries=3).judge(make_groups([0]))
+    _, stats = make(vocab, server, max_retries=3).judge(make_groups([0]))
   assert time.monotonic() - start < 2.0
-  assert stats.untagged == 1 and stats.failed_requests == 1 and stats.retries == 0
+  assert stats.unjudged == 1 and stats.failed_requests == 1 and stats.retries == 0
   assert len(server.requests) == 1

@@ -12,7 +12,7 @@ from rised_jax.rubrics import (RuleBasedJudge, Vocabulary, VocabularyError, make
 from rised_jax.rubrics.prompt import JudgePrompt, clip_text
 from rised_jax.rubrics.rule_judge import (best_single_tag_accuracy, success_information,
                                           success_predictability)
-from rised_jax.types import Event, Group, Task, Trajectory, Turn
+from rised_jax.types import Event, Group, GroupTags, Task, Trajectory, Turn
 
 POSITIVES = ["valid_syntax", "makes_progress", "uses_feedback", "checks_before_irreversible",
              "recovers_from_mistakes", "efficient"]
@@ -113,7 +113,7 @@ def test_load_missing_file_names_builtins(tmp_path):
 
 # --- lenient parsing --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("answer,tags,untagged,unknown", [
+@pytest.mark.parametrize("answer,tags,unjudged,unknown", [
     ('{"tags": ["valid_syntax", "gave_up"]}', {"valid_syntax", "gave_up"}, False, 0),
     ('Here you go:\n```json\n{"tags": ["Efficient"]}\n```\nHope it helps', {"efficient"},
      False, 0),
@@ -136,10 +136,10 @@ def test_load_missing_file_names_builtins(tmp_path):
     ('', set(), True, 0),
     (None, set(), True, 0),
 ])
-def test_parse_verdict(vocab, answer, tags, untagged, unknown):
+def test_parse_verdict(vocab, answer, tags, unjudged, unknown):
   verdict = parse_verdict(answer, vocab)
   assert set(vocab.ids_of(verdict.tags)) == tags
-  assert verdict.untagged == untagged
+  assert verdict.unjudged == unjudged
   assert len(verdict.unknown_tags) == unknown
   assert verdict.raw == (answer or "")
 
@@ -207,7 +207,7 @@ def test_rule_based_tags(vocab, name):
   traj, expected = RULE_CASES[name]
   verdict = RuleBasedJudge(vocab).verdict(traj)
   assert set(vocab.ids_of(verdict.tags)) == expected
-  assert not verdict.untagged
+  assert not verdict.unjudged
 
 
 def test_no_rule_reads_the_outcome(vocab):
@@ -317,15 +317,16 @@ def test_rule_judge_on_user_vocabularies():
     RuleBasedJudge(foreign)
 
 
-def test_judge_sets_tags_on_groups_and_counts(vocab):
+def test_judge_returns_tags_per_group_and_counts(vocab):
   cases = [RULE_CASES["clean success"][0], RULE_CASES["no turn at all"][0]]
   groups = [Group(Task("sokoban", 0), [cases[0]]), Group(Task("sokoban", 1), [cases[1]])]
-  stats = make_judge("rules", vocab).judge(groups)
-  assert stats.as_dict() == {"judged": 2, "untagged": 0, "unknown_tags": 0, "cache_hits": 0,
+  tags, stats = make_judge("rules", vocab).judge(groups)
+  assert stats.as_dict() == {"judged": 2, "unjudged": 0, "unknown_tags": 0, "cache_hits": 0,
                              "requests": 0, "retries": 0, "failed_requests": 0}
-  assert vocab.ids_of(groups[1].trajectories[0].tags) == ["gave_up"]
-  assert groups[0].trajectories[0].tags.dtype == np.float32
-  assert not any(t.untagged for g in groups for t in g.trajectories)
+  assert len(tags) == 2
+  assert vocab.ids_of(tags[1].tags[0]) == ["gave_up"]
+  assert tags[0].tags.dtype == np.float32
+  assert not any(t.unjudged.any() for t in tags)
 
 
 def test_make_judge_errors(vocab):
@@ -389,19 +390,15 @@ def test_custom_prompt_template(vocab, tmp_path):
 
 def test_tag_frequencies_per_environment(vocab):
   rng = np.random.default_rng(0)
-  groups, tags_by_env = [], {"maze": [], "wordle": []}
+  groups, tags, tags_by_env = [], [], {"maze": [], "wordle": []}
   for i in range(6):
     env = "maze" if i % 2 else "wordle"
-    trajs = []
-    for j in range(4):
-      traj = trajectory([], env=env, seed=i)
-      traj.tags = (rng.random(13) < 0.4).astype(np.float32)
-      traj.untagged = j == 3   # the judge failed: not counted
-      trajs.append(traj)
-      if j != 3:
-        tags_by_env[env].append(traj.tags)
-    groups.append(Group(Task(env, i), trajs))
-  freqs = tag_frequencies(groups, vocab)
+    rows = (rng.random((4, 13)) < 0.4).astype(np.float32)
+    unjudged = np.arange(4) == 3   # the judge failed: not counted
+    tags_by_env[env] += list(rows[~unjudged])
+    groups.append(Group(Task(env, i), [trajectory([], env=env, seed=i) for _ in range(4)]))
+    tags.append(GroupTags(rows, unjudged))
+  freqs = tag_frequencies(groups, tags, vocab)
   assert sorted(freqs) == ["maze", "wordle"]
   for env, rows in tags_by_env.items():
     np.testing.assert_allclose([freqs[env][t] for t in vocab.ids], np.mean(rows, axis=0))

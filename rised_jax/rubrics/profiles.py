@@ -13,7 +13,8 @@ from rised_jax.rubrics.vocabulary import Vocabulary
 from rised_jax.types import Group, GroupTags
 
 
-def _check_aligned(pool: Sequence[Group], tags: Sequence[GroupTags]) -> None:
+def check_aligned(pool: Sequence[Group], tags: Sequence[GroupTags]) -> None:
+  """Raises unless `tags[k]` has one row and one unjudged flag per rollout of `pool[k]`."""
   if len(tags) != len(pool):
     raise ValueError(f"{len(tags)} GroupTags for a pool of {len(pool)} groups")
   for k, (group, group_tags) in enumerate(zip(pool, tags)):
@@ -47,7 +48,7 @@ def group_profile(group: Group, tags: GroupTags, with_success: bool = False) -> 
 def pool_profiles(pool: Sequence[Group], tags: Sequence[GroupTags],
                   with_success: bool = False) -> np.ndarray:
   """φ_g for every group, stacked: [K, num_tags (+1 with the success rate)] float64."""
-  _check_aligned(pool, tags)
+  check_aligned(pool, tags)
   width = infer_num_tags(tags) + int(with_success)
   return np.asarray([group_profile(g, t, with_success) for g, t in zip(pool, tags)],
                     np.float64).reshape(len(pool), width)
@@ -60,7 +61,7 @@ def has_judged_rollout(tags: GroupTags) -> bool:
 def tag_frequencies(pool: Sequence[Group], tags: Sequence[GroupTags],
                     vocab: Vocabulary) -> dict[str, dict[str, float]]:
   """Per environment, the fraction of its judged rollouts that carry each tag."""
-  _check_aligned(pool, tags)
+  check_aligned(pool, tags)
   sums: dict[str, np.ndarray] = {}
   counts: dict[str, int] = {}
   for group, group_tags in zip(pool, tags):

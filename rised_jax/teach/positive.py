@@ -36,6 +36,7 @@ from typing import Any, Mapping, Sequence
 import jinja2
 import numpy as np
 
+from rised_jax.rubrics.profiles import check_aligned
 from rised_jax.rubrics.prompt import load_template
 from rised_jax.rubrics.vocabulary import Vocabulary
 from rised_jax.types import Group, GroupTags
@@ -52,8 +53,9 @@ def positive_counts(groups: Sequence[Group], tags: Sequence[GroupTags],
                     vocab: Vocabulary) -> np.ndarray:
   """Per vocabulary entry, how many successful judged rollouts carry it (0 for negatives);
   `tags[k]` is the judge's answer for `groups[k]`."""
+  check_aligned(groups, tags)   # a mismatched row count would broadcast, not fail
   counts = np.zeros(len(vocab), np.int64)
-  for group, group_tags in zip(groups, tags, strict=True):
+  for group, group_tags in zip(groups, tags):
     keep = group.successes.astype(bool) & group_tags.judged
     counts += (np.asarray(group_tags.tags)[keep] > 0.5).sum(0).astype(np.int64)
   return np.where(vocab.positive_mask, counts, 0)
@@ -119,6 +121,7 @@ def available_positives(index: int, pool: Sequence[Group], pool_tags: Sequence[G
                         vocab: Vocabulary, memory: PositiveMemory | None = None, step: int = 0,
                         sources: Sequence[str] = SOURCES) -> Positives:
   """The first non-empty source of the fallback chain (module docstring) for `pool[index]`."""
+  check_aligned(pool, pool_tags)
   group = pool[index]
   for source in sources:
     if source == "group":
