@@ -8,6 +8,7 @@ import pytest
 
 from rised_jax import config_args
 from rised_jax.config_args import OneOf
+from tests.run_fixtures import CONFIGS, load_config_file
 
 # The spec of the RISED paper-scale files.
 SPEC = dict(algorithm="rised", size=OneOf("4b", "1.7b"), tpu=False, local=False)
@@ -91,3 +92,15 @@ def test_a_default_of_another_type_is_refused():
   with pytest.raises(TypeError, match=r"key 'envs' has default \['maze'\]; expected a str, int, "
                      "float, bool or OneOf"):
     config_args.parse_arg(None, envs=["maze"])
+
+
+@pytest.mark.parametrize("name, arg, problem", [
+    ("rised_qwen3_multienv.py", "rised,5b", "size='5b': expected one of 4b, 1.7b"),
+    ("rised_babyai_scienceworld.py", "rised,4b,gpu", "unknown flag 'gpu'"),
+    ("tiny_cpu.py", "rised,hard", "setting='hard': expected one of smoke, easy, signpost"),
+    ("cripo_qwen3_4b.py", "cripo,local=maybe", "local='maybe': expected true, false, 1 or 0"),
+    ("smollm2_cpu.py", "rised,easy", "unknown flag 'easy'"),
+])
+def test_experiment_files_name_themselves_in_the_error(name, arg, problem):
+  with pytest.raises(ValueError, match=re.escape(f"{name}: config argument {arg!r}: {problem}")):
+    load_config_file(CONFIGS / name, arg)
