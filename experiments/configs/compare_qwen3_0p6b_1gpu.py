@@ -6,12 +6,12 @@ rised_no_teacher,rised_no_guidance,rised_select_success,rised_generic_teacher,ri
       --seeds 0,1,2 --workdir runs/compare_qwen3_0p6b --config.model.source=$QWEN3_0P6B_DIR
 
 (`--list` instead prints the 36 commands, for a scheduler with several accelerators.)
-Argument: the preset (rised-compare supplies it). The in-process JAX sampler (one process holds
-policy and sampler, so no second server competes for the device), the rule-based judge (offline,
-deterministic), bfloat16 compute over float32 master weights, with remat. K = 4B (32
-candidate groups, 8 trained on), the regime in which RISED's selection differs from a random
-subset (select/rised.py); grpo_matched rolls out the same 32 groups per step as RISED. 64
-held-out episodes per environment.
+Argument (rised_jax.config_args): the preset (rised-compare supplies it; default rised).
+The in-process JAX sampler (one process holds policy and sampler, so no second server competes for
+the device), the rule-based judge (offline, deterministic), bfloat16 compute over float32 master
+weights, with remat. K = 4B (32 candidate groups, 8 trained on), the regime in which RISED's
+selection differs from a random subset (select/rised.py); grpo_matched rolls out the same 32 groups
+per step as RISED. 64 held-out episodes per environment.
 Hardware: one GPU with ≥ 40 GB (H100 / H200 / A100-80GB) or a TPU v5e/v6e chip.
 Expected time — NOT MEASURED: this config has not been run. A guess from the CPU runs' stage
 timings (rollout dominates: 32 groups × 8 episodes × ≤ 4 turns of ≤ 48 tokens per step) is
@@ -21,11 +21,13 @@ timings (rollout dominates: 32 groups × 8 episodes × ≤ 4 turns of ≤ 48 tok
 import os
 
 from rised_jax import config as config_lib
+from rised_jax import config_args
 
 
 def get_config(arg: str | None = None):
+  args = config_args.parse_arg(arg, algorithm="rised")
   c = config_lib.default_config()
-  c.algorithm = arg or "rised"
+  c.algorithm = args.algorithm
   c.model.source = os.environ.get("QWEN3_0P6B_DIR", "checkpoints/Qwen3-0.6B")
   c.model.compute_dtype = "bfloat16"   # float32 master weights and Adam state (param_dtype)
   c.model.remat = True

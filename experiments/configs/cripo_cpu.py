@@ -9,17 +9,19 @@ criterion reward with CriPO's two self-teachers (docs/ALGORITHMS.md §3). Every 
 diagnostics (cripo/frac_samples_with_uc, cripo/frac_samples_with_sc, cripo/sc_per_sample, kept_frac,
 flip_frac) to metrics.jsonl and TensorBoard; before and after training the held-out tasks are
 answered greedily and scored per domain (science, medicine). Rerunning the command resumes.
-Argument: the preset, cripo (default), cripo_u, cripo_s or grpo_rubric.
+Argument (rised_jax.config_args): the preset, cripo (default), cripo_u, cripo_s or grpo_rubric.
 Hardware: 2 CPU cores; about 8 CPU-minutes and 12.6 GB of memory (measured: 24 min wall on a
 machine shared with other jobs). L_distill: the paper's kept-token mean, counted in the one
 micro-batch.
 """
 from rised_jax import config as config_lib
+from rised_jax import config_args
 
 
 def get_config(arg: str | None = None):
+  args = config_args.parse_arg(arg, algorithm="cripo")
   c = config_lib.default_config()
-  c.algorithm = arg or "cripo"
+  c.algorithm = args.algorithm
   c.model.source = "smollm2-135m-instruct"
   c.rollout.group_size = 4
   c.rollout.max_batch = 16

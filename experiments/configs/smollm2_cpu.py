@@ -6,14 +6,17 @@
 The in-process JAX sampler, the rule-based judge, no network. Prints the per-environment pass
 rates before and after training and writes TensorBoard events, metrics.jsonl, rollouts.jsonl,
 eval.jsonl, results.md and a checkpoint into the workdir. Rerunning the command resumes.
-Argument: the algorithm preset (default rised). Hardware: 2 CPU cores; under 15 minutes.
+Argument (rised_jax.config_args): the algorithm preset (default rised).
+Hardware: 2 CPU cores; under 15 minutes.
 """
 from rised_jax import config as config_lib
+from rised_jax import config_args
 
 
 def get_config(arg: str | None = None):
+  args = config_args.parse_arg(arg, algorithm="rised")
   c = config_lib.default_config()
-  c.algorithm = arg or "rised"
+  c.algorithm = args.algorithm
   c.model.source = "smollm2-135m-instruct"
   c.model.remat = True   # without it the backward pass keeps every layer's attention scores
   # One lax.scan over the 30 layers: a 4 x 320 step compiled in 80 s against 1564 s unrolled

@@ -4,24 +4,28 @@
   rised-train --config experiments/configs/tiny_cpu.py:rised --workdir runs/tiny \
       --config.model.source=runs/tiny_model
 
-Argument: "ALGORITHM[,easy|,signpost]". ALGORITHM is a preset (rised, grpo, dapo, variance,
-env_curriculum, rised_no_select, rised_no_teacher, rised_no_guidance). "easy" was the learning
-test's first setting (the tiny model does not learn it; README): 3x3 mazes one step from the exit, each action a single
-token, 256 held-out instances whose winning first move differs (forward, turn left, turn
-right), so the policy must read the observation; a blind policy (one action sequence for every
-instance) wins at most 36 % of them. RISED rolls out K = 4B candidate groups (the regime where
-its selection differs from a random subset). "signpost" is the learning test's setting: the
-plug-in game tests.learning_envs:Signpost (one move, named by the observation in words; 64
-held-out instances, the best constant move wins about a third of them).
+Argument (rised_jax.config_args): "ALGORITHM[,SETTING]". ALGORITHM is a preset (rised, grpo,
+dapo, variance, env_curriculum, rised_no_select, rised_no_teacher, rised_no_guidance); SETTING
+is smoke (default: FrozenLake and 2x2 mazes, three steps), easy or signpost. "easy" was the
+learning test's first setting (the tiny model does not learn it; README): 3x3 mazes one step
+from the exit, each action a single token, 256 held-out instances whose winning first move
+differs (forward, turn left, turn right), so the policy must read the observation; a blind
+policy (one action sequence for every instance) wins at most 36 % of them. RISED rolls out K =
+4B candidate groups (the regime where its selection differs from a random subset). "signpost"
+is the learning test's setting: the plug-in game tests.learning_envs:Signpost (one move, named
+by the observation in words; 64 held-out instances, the best constant move wins about a third
+of them).
 Hardware: 1 CPU core; well under a minute (easy: about five minutes on 2 shared cores).
 """
 from rised_jax import config as config_lib
+from rised_jax import config_args
 
 
 def get_config(arg: str | None = None):
-  algorithm, *flags = (arg or "rised").split(",")
+  args = config_args.parse_arg(arg, algorithm="rised",
+                               setting=config_args.OneOf("smoke", "easy", "signpost"))
   c = config_lib.default_config()
-  c.algorithm = algorithm
+  c.algorithm = args.algorithm
   c.model.source = "runs/tiny_model"
   c.step.chunk = 128
   c.batching.prefix_multiple = 64
@@ -29,7 +33,7 @@ def get_config(arg: str | None = None):
   c.rollout.max_batch = 64
   c.rollout.prompt_buckets = [256, 512, 1024]
   c.rollout.new_token_buckets = [8, 32]
-  if "signpost" in flags:
+  if args.setting == "signpost":
     # One move, named by the observation in words (tests/learning_envs.py): the learning
     # test's setting. 256 instances (move, colour, shape); 64 held out.
     # G = 16: with G = 8 (150 steps) the greedy policy read only part of the sign.
@@ -42,7 +46,7 @@ def get_config(arg: str | None = None):
     c.optim.learning_rate = 3e-3
     c.train.steps = 100
     c.eval.episodes_per_env = 64
-  elif "easy" in flags:
+  elif args.setting == "easy":
     # Mazes one step from the exit, which may lie ahead (forward), to a side (turn, forward)
     # or two cells ahead: the right first move must be read from the observation.
     c.envs.names = ["maze"]
@@ -55,7 +59,7 @@ def get_config(arg: str | None = None):
     c.optim.learning_rate = 3e-3
     c.train.steps = 60
     c.eval.episodes_per_env = 256
-  else:
+  else:   # smoke
     c.envs.names = ["frozenlake", "maze"]
     c.envs.difficulty.frozenlake = dict(size=3, holes=0, min_distance=2, max_turns=4)
     c.envs.difficulty.maze = dict(width=2, height=2, min_distance=1, max_turns=4)
