@@ -17,7 +17,7 @@ from rised_jax.rollout import http_retry
 from rised_jax.rollout.agent_loop import AgentLoop, EnvironmentFailure
 from rised_jax.rollout.base import GenerationResult, SamplingParams
 from rised_jax.types import Task
-from tests.fake_engine import FixedReplyEngine
+from tests.helpers.fake_engine import FixedReplyEngine
 
 LIFETIME_S = 120.0   # the server shuts itself down after this, whatever the test does
 

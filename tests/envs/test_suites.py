@@ -30,9 +30,9 @@ from rised_jax.envs import text_suite
 from rised_jax.rubrics.rule_judge import RuleBasedJudge
 from rised_jax.rubrics.vocabulary import Vocabulary
 from rised_jax.types import Event, Task
-from tests.fake_engine import FakeEngine
+from tests.helpers.fake_engine import FakeEngine
 
-import model_utils as mu
+from tests.helpers import model_utils as mu
 
 RUN_SEED = 5
 WRONG = "juggle three flaming torches"
@@ -321,8 +321,8 @@ def test_suites_config_local_run_logs_per_env_pass_rates(tmp_path):
   """The paper-scale suites config's `local` variant: RISED on maze + BabyAI + ScienceWorld."""
   from rised_jax import trainer  # pylint: disable=import-outside-toplevel
   from rised_jax.model import tiny  # pylint: disable=import-outside-toplevel
-  from tests.run_fixtures import load_config_file  # pylint: disable=import-outside-toplevel
-  config_file = (os.path.dirname(__file__) + "/../experiments/configs/"
+  from tests.helpers.run_fixtures import load_config_file  # pylint: disable=import-outside-toplevel
+  config_file = (os.path.dirname(__file__) + "/../../experiments/configs/"
                  "rised_babyai_scienceworld.py")
   config = load_config_file(pathlib.Path(config_file), "rised,4b,local")
   # ScienceWorld's words stay unknown to the tiny tokenizer (its vocabulary would need a JVM

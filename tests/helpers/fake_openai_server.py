@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fake_genai_server import Answer, LoopbackServer, RecordedRequest, as_reply
+from tests.helpers.fake_genai_server import Answer, LoopbackServer, RecordedRequest, as_reply
 
 
 class FakeOpenAIServer(LoopbackServer):

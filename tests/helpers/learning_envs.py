@@ -1,5 +1,5 @@
-"""Environments for the learning test (tests/test_learning.py), plugged in by import path
-("tests.learning_envs:Signpost") through the public protocol (`rised_jax.envs.base`).
+"""Environments for the learning test (tests/integration/test_learning.py), plugged in by import
+path ("tests.helpers.learning_envs:Signpost") through the public protocol (`rised_jax.envs.base`).
 
 Signpost is the simplest game a policy can only win by reading its observation: one turn, the
 observation names the winning move in words, and two painted details vary besides it, so

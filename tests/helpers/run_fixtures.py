@@ -10,9 +10,9 @@ from rised_jax import compare
 from rised_jax.model import tiny
 from rised_jax.pipelines.agentic import AgenticPipeline
 from rised_jax.rollout.base import GenerationResult
-from tests.fake_engine import FakeEngine
+from tests.helpers.fake_engine import FakeEngine
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "experiments" / "configs"
 TINY_CONFIG = CONFIGS / "tiny_cpu.py"
 

@@ -20,7 +20,7 @@ TINY_QWEN3 = {
 
 
 def tiny_model(seed: int = 0, remat: bool = False, scan_layers: bool = False):
-  return from_config(ModelConfig.from_hf(TINY_QWEN3, source="tests/step_fixtures.py"), seed,
+  return from_config(ModelConfig.from_hf(TINY_QWEN3, source="tests/helpers/step_fixtures.py"), seed,
                      remat=remat, scan_layers=scan_layers)
 
 

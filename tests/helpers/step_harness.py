@@ -2,7 +2,7 @@
 
 Device count, mesh and process layout must be fixed before JAX starts, hence a subprocess:
 
-  python tests/step_harness.py --devices 4 --mesh 1,2,2 --steps 3 --out result.npz
+  python tests/helpers/step_harness.py --devices 4 --mesh 1,2,2 --steps 3 --out result.npz
   (multi-host) ... --num-processes 2 --process-id 0 --coordinator 127.0.0.1:PORT
 
 Every process builds the same global batches from a seed and feeds only its own rows
@@ -48,7 +48,7 @@ def export_checks(args: argparse.Namespace, model) -> None:
   from rised_jax.model import save_pretrained
   from rised_jax.model.errors import ExportError
   from rised_jax.rollout.sglang_engine import SGLangEngine
-  from tests.model_utils import tiny_tokenizer
+  from tests.helpers.model_utils import tiny_tokenizer
 
   tokenizer = tiny_tokenizer()
   if args.export_dir:
@@ -80,10 +80,10 @@ def main() -> None:
   import numpy as np  # pylint: disable=import-outside-toplevel
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
 
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
   from rised_jax import checkpoint, parallel  # pylint: disable=import-outside-toplevel
   from rised_jax.learn import train_step  # pylint: disable=import-outside-toplevel
-  from tests import step_fixtures  # pylint: disable=import-outside-toplevel
+  from tests.helpers import step_fixtures  # pylint: disable=import-outside-toplevel
 
   if args.num_processes > 1:
     parallel.init_distributed(args.coordinator, args.num_processes, args.process_id,

@@ -15,11 +15,12 @@ from rised_jax.rubrics.vocabulary import RubricEntry, Vocabulary
 from rised_jax.runlog import RunLog
 from rised_jax.stats import wilson_interval
 from rised_jax.types import Group, Task, Trajectory, Turn
-from tests.run_fixtures import write_run
+from tests.helpers.run_fixtures import write_run
 
 pytest.importorskip("matplotlib")
 
-NOTEBOOK = os.path.join(os.path.dirname(__file__), os.pardir, "notebooks", "analyze_run.ipynb")
+NOTEBOOK = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "notebooks",
+                        "analyze_run.ipynb")
 VOCAB = Vocabulary([RubricEntry("valid_syntax", "+", "Uses valid action syntax"),
                     RubricEntry("gave_up", "-", "Gives up early"),
                     RubricEntry("loops", "-", "Repeats an action that had no effect")])
@@ -333,7 +334,7 @@ def test_readme_nbconvert_command_executes_the_notebook(workdir, tmp_path):
   pytest.importorskip("nbconvert")
   nbformat = pytest.importorskip("nbformat")
   out = tmp_path / "executed.ipynb"
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   env = {**os.environ, "RISED_WORKDIR": os.path.abspath(workdir),
          "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
   subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",

@@ -261,7 +261,7 @@ E2E_PROMPTS, E2E_G, E2E_C = 1, 2, 8
 @pytest.fixture(scope="module")
 def e2e_run(tmp_path_factory):
   """One timed iteration of each part (warm-up 0: it compiles too; no time is asserted)."""
-  import model_utils as mu  # noqa: PLC0415 - tests/ is on the path under pytest
+  from tests.helpers import model_utils as mu  # noqa: PLC0415 - the repo root is on the path
   from benchmarks import e2e  # noqa: PLC0415
   out = tmp_path_factory.mktemp("bench") / "e2e.json"
   argv = ["--prompts", str(E2E_PROMPTS), "--group-size", str(E2E_G), "--prompt-len", "8",

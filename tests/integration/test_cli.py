@@ -15,9 +15,9 @@ import pytest
 
 from rised_jax import trainer
 from rised_jax.model import tiny
-from tests.run_fixtures import load_config_file
+from tests.helpers.run_fixtures import load_config_file
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "experiments" / "configs" / "tiny_cpu.py"
 
 

@@ -11,9 +11,9 @@ from rised_jax import config as config_lib
 from rised_jax import pipelines
 from rised_jax import trainer
 from rised_jax.model import tiny
-from tests.run_fixtures import load_config_file
+from tests.helpers.run_fixtures import load_config_file
 
-CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "experiments" / "configs"
 AGENTIC_PRESETS = ["rised", "rised_no_select", "rised_no_teacher", "rised_no_guidance", "grpo",
                    "dapo", "variance", "env_curriculum"]
 

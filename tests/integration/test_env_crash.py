@@ -14,10 +14,10 @@ from rised_jax.pipelines.agentic import AgenticPipeline
 from rised_jax.rollout.agent_loop import AgentLoop, EnvironmentFailure
 from rised_jax.rollout.base import GenerationResult, SamplingParams
 from rised_jax.types import Task
-from tests.fake_engine import FixedReplyEngine
-from tests.run_fixtures import load_config_file
+from tests.helpers.fake_engine import FixedReplyEngine
+from tests.helpers.run_fixtures import load_config_file
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "experiments" / "configs" / "tiny_cpu.py"
 KNOBS = dict(size=3, holes=0, min_distance=1, max_turns=4)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TPU = REPO / "experiments" / "launch" / "tpu_pod.sh"
 GPU = REPO / "experiments" / "launch" / "gpu_node_sglang.sh"
 CONFIG = "experiments/configs/rised_qwen3_multienv.py:rised,4b,tpu"

@@ -1,5 +1,5 @@
-"""Multi-host export and SGLang weight sync: 2 processes x 2 CPU devices (tests/step_harness.py)
-against a one-process export of the same parameters, byte for byte."""
+"""Multi-host export and SGLang weight sync: 2 processes x 2 CPU devices
+(tests/helpers/step_harness.py) against a one-process export of the same parameters, byte for byte."""
 from __future__ import annotations
 
 import hashlib
@@ -13,12 +13,12 @@ import pytest
 
 from rised_jax.model import save_pretrained
 from rised_jax.rollout.sglang_engine import SGLangEngine
-from tests import step_fixtures
-from tests.fake_sglang_server import FakeSGLangServer
-from tests.model_utils import tiny_tokenizer
+from tests.helpers import step_fixtures
+from tests.helpers.fake_sglang_server import FakeSGLangServer
+from tests.helpers.model_utils import tiny_tokenizer
 
-HARNESS = Path(__file__).with_name("step_harness.py")
-REPO = HARNESS.parent.parent
+HARNESS = Path(__file__).resolve().parents[1] / "helpers" / "step_harness.py"
+REPO = HARNESS.parents[2]
 SHARD_BYTES = 50_000   # the tiny model's ~0.2 MB of float32 weights in several shards
 
 

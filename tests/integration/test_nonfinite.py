@@ -15,9 +15,9 @@ import pytest
 from rised_jax import parallel
 from rised_jax.learn import train_step
 from rised_jax.model import tiny
-from tests import step_fixtures
+from tests.helpers import step_fixtures
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "experiments" / "configs" / "tiny_cpu.py"
 
 

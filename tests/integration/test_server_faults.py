@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fake_sglang_server import FakeSGLangServer
+from tests.helpers.fake_sglang_server import FakeSGLangServer
 from rised_jax import config as config_lib
 from rised_jax import pipelines
 from rised_jax import evaluate, trainer
@@ -22,9 +22,9 @@ from rised_jax.pipelines import make_pipeline
 from rised_jax.rollout.agent_loop import sampling_seed
 from rised_jax.rollout.sglang_engine import SGLangEngine
 from rised_jax.tasks import TaskStream
-from tests.run_fixtures import load_config_file
+from tests.helpers.run_fixtures import load_config_file
 
-CONFIG = Path(__file__).resolve().parent.parent / "experiments" / "configs" / "tiny_cpu.py"
+CONFIG = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "tiny_cpu.py"
 FAULTS = ["bad_token", "nan_logprob", "positive_logprob", "too_many", "short_logprobs"]
 
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import venv
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 SETUP = REPO / "experiments" / "sglang" / "setup_sglang_jax.sh"
 
 

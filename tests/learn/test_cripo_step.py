@@ -24,7 +24,7 @@ from flax import nnx
 
 from rised_jax import parallel
 from rised_jax.learn import batching, train_step
-from tests import step_fixtures
+from tests.helpers import step_fixtures
 
 ROWS = 8
 CLAMP = 10.0
@@ -255,7 +255,7 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 os.environ["JAX_PLATFORMS"] = "cpu"
 import jax, numpy as np
 from rised_jax import parallel
-from tests import test_cripo_step as t
+from tests.learn import test_cripo_step as t
 mesh = parallel.make_mesh(parallel.MeshShape(2, 2, 1))
 metrics, grads = t.one_sgd_step(t.peaky_model(), t.step_config(micro_batches=2),
                                 t.assemble(t.cripo_rows()), mesh)
@@ -266,7 +266,7 @@ np.savez(sys.argv[1], *jax.tree.leaves(grads), **{"metric_" + k: v for k, v in m
 def test_kept_token_normaliser_is_exact_over_data_shards_and_micro_batches(reference, tmp_path):
   """4 devices (data 2 × fsdp 2) × 2 micro-batches: the same update as the reference."""
   out = tmp_path / "sharded.npz"
-  repo = Path(__file__).resolve().parent.parent
+  repo = Path(__file__).resolve().parents[2]
   env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
   subprocess.run([sys.executable, "-c", SHARDED, str(out)], check=True, cwd=repo, env=env,
                  timeout=600)

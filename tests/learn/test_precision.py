@@ -15,12 +15,12 @@ from flax import nnx
 from rised_jax import config as config_lib, parallel, pipelines, trainer
 from rised_jax.learn import batching, train_step
 from rised_jax.model import ModelConfig, from_config, tiny
-from tests import step_fixtures
-from tests.run_fixtures import REPO, load_config_file, tiny_config as _config
+from tests.helpers import step_fixtures
+from tests.helpers.run_fixtures import REPO, load_config_file, tiny_config as _config
 
 
 def _cfg():
-  return ModelConfig.from_hf(step_fixtures.TINY_QWEN3, source="tests/test_precision.py")
+  return ModelConfig.from_hf(step_fixtures.TINY_QWEN3, source="tests/learn/test_precision.py")
 
 
 def _every_token_batch() -> dict[str, np.ndarray]:

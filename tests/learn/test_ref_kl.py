@@ -17,8 +17,8 @@ from flax import nnx
 from rised_jax import config as config_lib, parallel, pipelines, runlog, trainer
 from rised_jax.learn import train_step
 from rised_jax.model import ModelConfig, from_config, tiny
-from tests import step_fixtures
-from tests.run_fixtures import tiny_config as _config
+from tests.helpers import step_fixtures
+from tests.helpers.run_fixtures import tiny_config as _config
 
 COEF = 0.5
 
@@ -57,7 +57,7 @@ def _numpy_ref_kl(policy, reference, batch, estimator: str) -> float:
 
 
 def _cfg():
-  return ModelConfig.from_hf(step_fixtures.TINY_QWEN3, source="tests/test_ref_kl.py")
+  return ModelConfig.from_hf(step_fixtures.TINY_QWEN3, source="tests/learn/test_ref_kl.py")
 
 
 def _model(graphdef, params, rest):

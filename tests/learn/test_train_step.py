@@ -18,10 +18,10 @@ from flax import nnx
 
 from rised_jax import parallel
 from rised_jax.learn import train_step
-from tests import step_fixtures
+from tests.helpers import step_fixtures
 
-HARNESS = Path(__file__).with_name("step_harness.py")
-REPO = HARNESS.parent.parent
+HARNESS = Path(__file__).resolve().parents[1] / "helpers" / "step_harness.py"
+REPO = HARNESS.parents[2]
 
 
 def _reference_loss(model, batch, config: train_step.StepConfig, beta: float):

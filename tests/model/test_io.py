@@ -18,7 +18,7 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-import model_utils as mu
+from tests.helpers import model_utils as mu
 from rised_jax import model as model_pkg
 from rised_jax.model import (ExportError, ModelConfig, ModelConfigError, ModelFileNotFoundError,
                              Tokenizer, TokenizerError, WeightError, WeightFileError, from_config,

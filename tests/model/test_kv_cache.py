@@ -1,6 +1,6 @@
 """KV-cached decoding equals one full forward pass (fp32, 1e-5) on left-padded batches.
 
-The reference is the Decoder's own full forward, which test_model_parity checks against
+The reference is the Decoder's own full forward, which model/test_parity.py checks against
 transformers; the Gemma 3 config has a sliding window (4) shorter than the sequences (16).
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import model_utils as mu
+from tests.helpers import model_utils as mu
 from rised_jax.model import ModelConfig
 
 ATOL = 1e-5

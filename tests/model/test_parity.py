@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 from flax.core import spmd
 
-import model_utils as mu
+from tests.helpers import model_utils as mu
 from rised_jax.model import LOGICAL_AXES, ModelConfig, RopeConfig, from_pretrained, hf_state_dict
 from rised_jax.model import decoder as dec
 

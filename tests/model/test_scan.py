@@ -21,7 +21,7 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file
 
-import model_utils as mu
+from tests.helpers import model_utils as mu
 from rised_jax import parallel
 from rised_jax.model import ModelConfig, from_pretrained, hf_state_dict, save_pretrained
 from rised_jax.model import decoder as dec
@@ -36,7 +36,7 @@ PARITY_ATOL = 1e-4
 # MQA, an untied head.
 ROWS = mu.random_rows((12, 7, 3), seed=4)
 FORWARD = nnx.jit(lambda model, ids, mask: model(ids, mask))
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _models(name: str, **kwargs):
@@ -175,7 +175,7 @@ def _sharded_and_single_device_steps(out: str) -> None:
   turn float reordering noise on near-zero gradients into O(lr) differences.
   """
   import optax  # pylint: disable=import-outside-toplevel
-  from tests import step_fixtures  # pylint: disable=import-outside-toplevel
+  from tests.helpers import step_fixtures  # pylint: disable=import-outside-toplevel
   from rised_jax.learn import train_step  # pylint: disable=import-outside-toplevel
   result = {}
   for name, mesh in (("single", parallel.make_mesh(parallel.MeshShape(1, 1, 1),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from rised_jax.learn import batching
-from tests.run_fixtures import frozenlake_pipeline as _pipeline
+from tests.helpers.run_fixtures import frozenlake_pipeline as _pipeline
 
 
 def _contains(haystack: list[int], needle: list[int]) -> bool:

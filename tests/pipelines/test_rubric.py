@@ -27,10 +27,10 @@ from rised_jax.rollout.base import EngineLimits, GenerationResult
 from rised_jax.rubric_tasks import BUILTIN_PATH, check
 from rised_jax.rubrics import criteria
 from rised_jax.teach import cripo_prefix
-from tests.fake_engine import FakeEngine
-from tests.run_fixtures import load_config_file
+from tests.helpers.fake_engine import FakeEngine
+from tests.helpers.run_fixtures import load_config_file
 
-CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "experiments" / "configs"
 TASK_IDS = ["sky-blue", "sunset-red", "rainbow", "thunder-delay", "heart-chambers", "blood-types"]
 SPLIT_SEED = 0          # holds out tasks 2-5 of TASK_IDS: sky-blue and sunset-red train
 PRESETS = ("cripo", "cripo_u", "cripo_s", "grpo_rubric")

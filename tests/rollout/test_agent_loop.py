@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import model_utils as mu
+from tests.helpers import model_utils as mu
 from rised_jax.model import ModelConfig, Tokenizer, from_pretrained
 from rised_jax.rollout.agent_loop import AgentLoop, make_env, sampling_seed
 from rised_jax.rollout.base import GenerationRequest, GenerationResult, SamplingParams
 from rised_jax.rollout.chat import ChatFormat
 from rised_jax.rollout.jax_engine import JaxEngine
 from rised_jax.types import Task
-from tests.fake_engine import FakeEngine
+from tests.helpers.fake_engine import FakeEngine
 
 RUN_SEED = 11
 IM_END = 2                                          # SmolLM2's "<|im_end|>" (its EOS)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import model_utils as mu
+from tests.helpers import model_utils as mu
 from rised_jax.model import ModelConfig
 from rised_jax.rollout import jax_engine
 from rised_jax.rollout.base import GenerationRequest, SamplingParams

@@ -12,7 +12,7 @@ import pytest
 import tokenizers
 import transformers
 
-from fake_sglang_server import FakeSGLangServer
+from tests.helpers.fake_sglang_server import FakeSGLangServer
 from rised_jax import model as rised_model
 from rised_jax.rollout import http_retry
 from rised_jax.rollout.base import GenerationFailed, GenerationRequest, SamplingParams

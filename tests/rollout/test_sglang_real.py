@@ -31,7 +31,7 @@ from rised_jax.rollout.sglang_engine import SGLangEngine, SGLangError
 # Starting the server and compiling its shapes takes 40-110 s on 2 CPU cores.
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 SERVER_PYTHON = REPO / ".venv-sgljax" / "bin" / "python"
 LAUNCH_SCRIPT = REPO / "experiments" / "sglang" / "launch_server.sh"
 SETUP_HINT = ("run experiments/sglang/setup_sglang_jax.sh to create .venv-sgljax "

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import model_utils as mu
+from tests.helpers import model_utils as mu
 from rised_jax.model import ModelConfig
 from rised_jax.rollout.agent_loop import AgentLoop
 from rised_jax.rollout.base import GenerationRequest, SamplingParams

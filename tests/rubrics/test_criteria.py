@@ -11,8 +11,8 @@ import re
 import numpy as np
 import pytest
 
-from fake_genai_server import FakeGenaiServer, Reply
-from fake_openai_server import FakeOpenAIServer
+from tests.helpers.fake_genai_server import FakeGenaiServer, Reply
+from tests.helpers.fake_openai_server import FakeOpenAIServer
 from rised_jax.rubric_tasks import builtin_task_set, check
 from rised_jax.rubrics import JudgeError
 from rised_jax.rubrics import criteria

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from fake_genai_server import FakeGenaiServer, Reply
-from fake_openai_server import FakeOpenAIServer
+from tests.helpers.fake_genai_server import FakeGenaiServer, Reply
+from tests.helpers.fake_openai_server import FakeOpenAIServer
 from rised_jax.rubrics import (GeminiJudge, InProcessJudge, JudgeError, OpenAICompatibleJudge,
                                Vocabulary, make_judge)
 from rised_jax.types import Group, Task, Trajectory, Turn

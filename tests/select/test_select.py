@@ -409,8 +409,8 @@ def test_rised_configs_roll_out_four_candidates_per_trained_group(name, arg):
   import warnings
   from pathlib import Path
   from rised_jax import pipelines
-  from tests.run_fixtures import load_config_file
-  config = load_config_file(Path(__file__).resolve().parent.parent / "experiments" / "configs"
+  from tests.helpers.run_fixtures import load_config_file
+  config = load_config_file(Path(__file__).resolve().parents[2] / "experiments" / "configs"
                             / name, arg)
   assert config.select.pool_groups >= 4 * config.select.batch_groups
   with warnings.catch_warnings():
