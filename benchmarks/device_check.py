@@ -69,7 +69,7 @@ def parity(device) -> dict[str, Any]:
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
   from flax import nnx  # noqa: PLC0415
-  from tests import model_utils  # noqa: PLC0415 - the parity tests' reference helpers
+  from tests.helpers import model_utils  # noqa: PLC0415 - the parity tests' reference helpers
 
   config = model_utils.TINY_CONFIGS["qwen3_untied"]
   rows = np.asarray(model_utils.random_rows((12, 12), seed=4), np.int32)
@@ -90,7 +90,7 @@ def parity(device) -> dict[str, Any]:
     nnx.update(ours, on_device)
     logits = np.asarray(forward(ours, jax.device_put(rows, device)))
   diff = float(np.abs(logits - reference).max())
-  return {"reference": source, "model": "tiny qwen3 (tests/model_utils.py qwen3_untied)",
+  return {"reference": source, "model": "tiny qwen3 (tests/helpers/model_utils.py qwen3_untied)",
           "rows": list(rows.shape), "max_abs_diff": diff, "atol": PARITY_ATOL,
           "ok": bool(np.isfinite(logits).all() and diff <= PARITY_ATOL)}
 

@@ -1,20 +1,18 @@
-"""Shared test set-up. The helpers every test file may import live in their own modules:
+"""Shared test set-up. tests/ mirrors rised_jax/ (tests/learn/ tests rised_jax/learn/, and so
+on; runs across the package live in tests/integration/). The helpers every test file may import
+live in one package, tests/helpers/:
 
-  tests/fake_engine.py    FakeEngine, the one scripted engine behind the whole Engine protocol
-  tests/run_fixtures.py   experiment config files (load_config_file), a scripted agentic
-                          pipeline, hand-made run directories
-  tests/model_utils.py    tiny random decoders and reference forward passes
-  tests/step_fixtures.py  a tiny model, optimizer, step config and batches for the step tests
+  fake_engine.py      FakeEngine, the one scripted engine behind the whole Engine protocol
+  fake_*_server.py    loopback SGLang, Gemini (google-genai) and OpenAI-compatible servers
+  run_fixtures.py     experiment config files (load_config_file), a scripted agentic
+                      pipeline, hand-made run directories
+  model_utils.py      tiny random decoders and reference forward passes
+  step_fixtures.py    a tiny model, optimizer, step config and batches for the step tests
+  step_harness.py     the train step and export on a fixed device/process layout (a subprocess)
+  learning_envs.py    the plug-in game of the learning test
 
-No test file imports another test file.
+Every folder under tests/ is a package (an __init__.py), so pytest's default import mode puts
+the repo root on sys.path and names each test module by its path (tests.learn.test_losses):
+`from tests.helpers import …` works under `python -m pytest tests` and `pytest FILE` alike,
+and equal basenames in different folders do not clash. No test file imports another test file.
 """
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-# `from tests.… import …` and `import model_utils` both work under plain `pytest` too.
-_TESTS = Path(__file__).resolve().parent
-for _path in (str(_TESTS.parent), str(_TESTS)):
-  if _path not in sys.path:
-    sys.path.insert(0, _path)

@@ -7,7 +7,7 @@ import pytest
 
 from rised_jax import pipelines, runlog, trainer
 from rised_jax.model import tiny
-from tests.run_fixtures import tiny_config
+from tests.helpers.run_fixtures import tiny_config
 
 # grpo: no guidance memory, so a background roll-out's prompt does not depend on the step it
 # overlaps (with guidance its hint lags one step; that is the only other difference). Signpost

@@ -16,7 +16,7 @@ import pytest
 
 from rised_jax import compare
 from rised_jax.model import tiny
-from tests.run_fixtures import write_run
+from tests.helpers.run_fixtures import write_run
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_CONFIG = REPO / "experiments" / "configs" / "tiny_cpu.py"

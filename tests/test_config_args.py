@@ -8,7 +8,7 @@ import pytest
 
 from rised_jax import config_args
 from rised_jax.config_args import OneOf
-from tests.run_fixtures import CONFIGS, load_config_file
+from tests.helpers.run_fixtures import CONFIGS, load_config_file
 
 # The spec of the RISED paper-scale files.
 SPEC = dict(algorithm="rised", size=OneOf("4b", "1.7b"), tpu=False, local=False)

@@ -11,7 +11,7 @@ import pytest
 from rised_jax import config as config_lib
 from rised_jax import pipelines
 from rised_jax import trainer
-from tests.run_fixtures import load_config_file
+from tests.helpers.run_fixtures import load_config_file
 
 CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
 

@@ -16,7 +16,7 @@ from rised_jax.pipelines.agentic import Progress
 from rised_jax.rubrics import Vocabulary
 from rised_jax.teach import PositiveTeacher, positive_teacher_prefix
 from rised_jax.types import Group, GroupTags, Task, Trajectory
-from tests import step_fixtures
+from tests.helpers import step_fixtures
 
 CONFIG = Path(__file__).resolve().parent.parent / "experiments" / "configs" / "tiny_cpu.py"
 

@@ -7,7 +7,7 @@ import pytest
 
 from rised_jax import envs, evaluate, tasks
 from rised_jax.types import Group, Task, Trajectory
-from tests.run_fixtures import load_config_file
+from tests.helpers.run_fixtures import load_config_file
 
 CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
 # Every agentic config and difficulty the repository ships, with the run's training draws.
@@ -127,7 +127,7 @@ def test_evaluation_records_replay_to_the_logged_pass_rate(tmp_path):
   """eval_episodes.jsonl: one record per held-out instance; replaying its actions on a fresh
   environment gives its success, and the successes add up to eval.jsonl's pass rate."""
   from rised_jax import runlog
-  from tests.run_fixtures import frozenlake_pipeline as _pipeline
+  from tests.helpers.run_fixtures import frozenlake_pipeline as _pipeline
   pipeline, _, _ = _pipeline("right")
   results = pipeline.evaluate()
   records = pipeline.eval_episodes

@@ -16,7 +16,7 @@ import pytest
 from rised_jax import config as config_lib
 from rised_jax import envs, plugins, rubrics, select, trainer
 from rised_jax.model import tiny
-from tests.run_fixtures import REPO, TINY_CONFIG as CONFIG, tiny_config
+from tests.helpers.run_fixtures import REPO, TINY_CONFIG as CONFIG, tiny_config
 
 GAMES = '''
 """A game, a vocabulary, a judge and a selector that rised_jax has never heard of."""

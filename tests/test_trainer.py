@@ -1,5 +1,5 @@
 """End to end through the trainer: artifacts, the analysis notebook, kill-and-resume (learning:
-tests/test_learning.py)."""
+tests/integration/test_learning.py)."""
 from __future__ import annotations
 
 import json
@@ -17,8 +17,8 @@ import pytest
 
 from rised_jax import analysis, runlog, trainer
 from rised_jax.model import tiny
-from tests.run_fixtures import REPO, TINY_CONFIG as CONFIG, load_config_file
-from tests.run_fixtures import tiny_config as _config
+from tests.helpers.run_fixtures import REPO, TINY_CONFIG as CONFIG, load_config_file
+from tests.helpers.run_fixtures import tiny_config as _config
 NOTEBOOK = REPO / "notebooks" / "analyze_run.ipynb"
 VOLATILE = ("time", "wall")
 

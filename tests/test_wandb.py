@@ -20,7 +20,7 @@ from wandb.proto import wandb_internal_pb2  # noqa: E402
 
 from rised_jax import runlog, trainer, wandb_log  # noqa: E402
 from rised_jax.model import tiny  # noqa: E402
-from tests.run_fixtures import TINY_CONFIG as CONFIG, load_config_file  # noqa: E402
+from tests.helpers.run_fixtures import TINY_CONFIG as CONFIG, load_config_file  # noqa: E402
 
 _BLOCK, _HEADER = 32768, 7
 _FULL, _LAST = 1, 4

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create the sglang-jax virtual environment used by tests/test_sglang_real.py and launch_server.sh.
+# Create the sglang-jax virtual environment used by tests/rollout/test_sglang_real.py and launch_server.sh.
 #
 # Usage: experiments/sglang/setup_sglang_jax.sh [VENV_DIR]     (default: .venv-sgljax at the repo root)
 #        experiments/sglang/setup_sglang_jax.sh --find-python  (print the Python it would use; exit 1 if none)

@@ -39,7 +39,7 @@ where the instance space is small enough for seeds to collide (the stream warns 
 "profile" fires whenever a candidate resembles a recent choice. The memory is updated with
 this step's choice and saved by `state_dict()`.
 
-What the objectives achieve (tests/test_select.py, random pools of 32–64 groups over 13
+What the objectives achieve (tests/select/test_select.py, random pools of 32–64 groups over 13
 tags): composition matching brings the chosen mean profile far closer to φ̄ than random
 subsets do for B up to ~3/4 of the pool; MMR with the default λ = 2 is also closer than random
 for B ≤ K/4, but MMR aligns directions, not the mean, so with B near K (or λ ≤ 1) random

@@ -1,0 +1,306 @@
+"""Smoke tests of the learning-core benchmarks (benchmarks/train_step.py, loss_memory.py,
+vs_tunix.py, scan_compile.py): each runs its whole code path at the tiniest setting, and the JSON it writes
+must hold consistent values (ratios computed from the times it reports, FLOPs equal to a
+hand-worked count, memory parts adding up, chunked = naive loss). Wall-clock times are never
+asserted. The tunix comparison runs only where `.venv-tunix` exists (vs_tunix.py creates it).
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks import common, loss_memory, scan_compile, vs_tunix
+from benchmarks import train_step as train_step_bench
+
+TINY = "qwen3-2l-d128"
+ROWS, PROMPT, RESPONSE = 2, 8, 16
+SEQ = PROMPT + RESPONSE
+
+
+def _close(a: float, b: float, rel: float = 1e-9) -> bool:
+  return math.isclose(a, b, rel_tol=rel)
+
+
+@pytest.fixture(scope="module")
+def train_step_run(tmp_path_factory):
+  out = tmp_path_factory.mktemp("bench") / "train_step.json"
+  # chunk >= T - 1: the chunked loss is one scan iteration, which XLA's cost analysis counts
+  # fully (it counts a while-loop body once), so its FLOPs are comparable with ours.
+  returned = train_step_bench.main([
+      "--models", TINY, "--batch", str(ROWS), "--prompt-len", str(PROMPT),
+      "--response-len", str(RESPONSE), "--chunk", "32", "--warmup", "1", "--iters", "2",
+      "--matmul-size", "128", "--matmul-seconds", "0", "--out", str(out)])
+  return returned, json.loads(out.read_text())
+
+
+def test_train_step_json_is_what_main_returned(train_step_run):
+  returned, written = train_step_run
+  assert written == json.loads(json.dumps(returned))
+  assert written["benchmark"] == "train_step"
+  assert len(written["machine"]["load_average_1_5_15"]) == 3
+  assert [m["model"] for m in written["models"]] == [TINY]
+
+
+def test_train_step_ratios_follow_from_reported_times(train_step_run):
+  _, result = train_step_run
+  model = result["models"][0]
+  cases = model["cases"]
+  assert set(cases) == {"grpo", "fused"}
+  for name, case in cases.items():
+    matmul = case["matmul"]
+    assert _close(matmul["flops_per_s"], 2 * 128**3 / matmul["median_s"])
+    assert _close(matmul["flops_per_cpu_s"], 2 * 128**3 / matmul["cpu_median_s"])
+    step = case["step"]
+    assert step["iters"] == 2 and 0 < step["min_s"] <= step["median_s"] <= step["max_s"]
+    assert step["cpu_median_s"] > 0 and case["compile_s"] > 0
+    assert case["tokens"] == ROWS * SEQ
+    assert _close(case["tokens_per_s"], case["tokens"] / step["median_s"])
+    assert 0 < case["response_tokens"] <= ROWS * RESPONSE
+    assert _close(case["achieved_flops_per_s"], case["model_flops"]["total"] / step["median_s"])
+    assert _close(case["mfu"], case["achieved_flops_per_s"] / matmul["flops_per_s"])
+    assert _close(case["mfu_cpu_time"], case["model_flops"]["total"] / step["cpu_median_s"]
+                  / matmul["flops_per_cpu_s"])
+    assert math.isfinite(case["final_loss"]), name
+  assert _close(model["fused_over_grpo_step_time"],
+                cases["fused"]["step"]["median_s"] / cases["grpo"]["step"]["median_s"])
+  assert _close(model["fused_over_grpo_cpu_time"],
+                cases["fused"]["step"]["cpu_median_s"] / cases["grpo"]["step"]["cpu_median_s"])
+  assert cases["grpo"]["step_config"]["beta"] == 0 and cases["fused"]["step_config"]["beta"] > 0
+
+
+def test_train_step_memory_parts_add_up(train_step_run):
+  _, result = train_step_run
+  # The tiny Qwen3 by hand: embedding (tied), per layer q/k/v/o, gated MLP, two norms and
+  # the two QK-norms, then the final norm.
+  d, f, heads, kv_heads, head_dim, vocab, layers = 128, 512, 4, 2, 32, 512, 2
+  per_layer = (d * heads * head_dim * 2 + d * kv_heads * head_dim * 2 + 3 * d * f + 2 * d
+               + 2 * head_dim)
+  params = vocab * d + layers * per_layer + d
+  for case in result["models"][0]["cases"].values():
+    memory = case["memory"]
+    assert memory["total_bytes"] == (memory["argument_bytes"] + memory["output_bytes"]
+                                     - memory["alias_bytes"] + memory["temp_bytes"])
+    # The donated state holds the parameters and Adam's two moments (float32).
+    assert memory["argument_bytes"] >= 3 * 4 * params
+    assert memory["alias_bytes"] >= 3 * 4 * params
+    assert case["process_peak_rss_bytes"] > memory["argument_bytes"]
+
+
+def test_train_step_flops_hand_worked(train_step_run):
+  _, result = train_step_run
+  cfg = common.model_config(TINY)
+  # N_nonembed = 2 layers × (128·32·(2·4 + 2·2) + 3·128·512) = 491 520.
+  assert common.nonembedding_params(cfg) == 491_520
+  linear = 2 * 491_520 * ROWS * SEQ                  # 47 185 920
+  attention = 4 * 2 * ROWS * SEQ**2 * 4 * 32         # 1 179 648
+  unembed = 2 * 128 * 512 * ROWS * (SEQ - 1)         # 6 029 312
+  assert (linear, attention, unembed) == (47_185_920, 1_179_648, 6_029_312)
+  cases = result["models"][0]["cases"]
+  assert cases["grpo"]["model_flops"]["total"] == 3 * (linear + attention + unembed)
+  assert cases["fused"]["model_flops"]["total"] == 4 * (linear + attention + unembed)
+  # XLA's count adds the rematerialised logits and elementwise work on top of ours.
+  for case in cases.values():
+    assert 0.95 <= case["xla_flops"] / case["model_flops"]["total"] <= 1.5
+
+
+def test_grpo_batch_follows_the_tunix_recipe():
+  batch = train_step_bench.grpo_batch(512, 4, 16, 32, seed=0, teacher=True)
+  # The driver's draws, in its order, from the same seed.
+  rng = np.random.default_rng(0)
+  prompt = rng.integers(3, 512, (4, 16))
+  prompt[:, :2] = 0
+  response = rng.integers(3, 512, (4, 32))
+  lengths = rng.integers(16, 33, (4,))
+  for row, length in enumerate(lengths):
+    response[row, length:] = 0
+  advantages = rng.standard_normal(4)
+  old = -np.abs(rng.standard_normal((4, 32))) - 5.0
+  np.testing.assert_array_equal(batch["input_ids"], np.concatenate([prompt, response], 1))
+  np.testing.assert_array_equal(batch["attention_mask"], batch["input_ids"] != 0)
+  loss_mask = batch["loss_mask"]
+  assert loss_mask[:, :16].sum() == 0
+  np.testing.assert_array_equal(loss_mask[:, 16:].sum(1), lengths)
+  np.testing.assert_allclose(batch["advantages"][:, 16:], advantages[:, None] * loss_mask[:, 16:],
+                             rtol=1e-6)
+  np.testing.assert_allclose(batch["old_logprobs"][:, 16:], old * loss_mask[:, 16:], rtol=1e-6)
+  np.testing.assert_array_equal(batch["behaviour_logprobs"], batch["old_logprobs"])
+  np.testing.assert_array_equal(batch["teacher_input_ids"][:, 16:], response)
+  teacher_prompt = batch["teacher_input_ids"][:, :16]
+  assert (teacher_prompt[:, :4] == 0).all() and (teacher_prompt[:, 4:] >= 3).all()
+  np.testing.assert_array_equal(batch["distill_mask"], loss_mask)
+
+
+def test_loss_memory_chunked_equals_naive_and_uses_less(tmp_path):
+  out = tmp_path / "loss_memory.json"
+  result = loss_memory.main([
+      "--batch", "2", "--seq-len", "257", "--hidden", "16", "--vocab", "2048", "--chunk", "32",
+      "--check-seq-len", "20", "--check-vocab", "100", "--check-chunk", "8",
+      "--naive-run-limit-gib", "1", "--out", str(out)])
+  assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+  check = result["check"]
+  assert max(check["loss"], check["grad_unembed"], check["grad_hidden"]) < 1e-5
+  chunked, naive = result["chunked"], result["naive"]
+  assert chunked["ran"] and naive["ran"]
+  # At the large size too, both versions compute the same loss.
+  assert math.isclose(chunked["loss"], naive["loss"], rel_tol=1e-5, abs_tol=1e-6)
+  assert result["full_logits_bytes"] == 2 * 256 * 2048 * 4
+  # The naive version holds at least one [B, T-1, V] array; the chunked one never does.
+  assert naive["temp_bytes"] >= result["full_logits_bytes"] > chunked["temp_bytes"]
+  assert _close(result["naive_over_chunked_temp"], naive["temp_bytes"] / chunked["temp_bytes"])
+  assert _close(result["naive_over_chunked_total"],
+                naive["total_bytes"] / chunked["total_bytes"])
+  assert result["naive_over_chunked_temp"] > 2
+
+
+def test_loss_memory_reports_a_naive_version_it_does_not_run(tmp_path):
+  result = loss_memory.main([
+      "--batch", "1", "--seq-len", "64", "--hidden", "8", "--vocab", "512", "--chunk", "16",
+      "--check-seq-len", "8", "--check-vocab", "32", "--check-chunk", "4",
+      "--naive-run-limit-gib", "0", "--out", str(tmp_path / "lm.json")])
+  assert result["chunked"]["ran"] and not result["naive"]["ran"]
+  assert "run limit" in result["naive"]["not_run_because"]
+  assert result["naive"]["temp_bytes"] > 0
+
+
+def test_scan_compile_ratios_follow_from_reported_times(tmp_path):
+  out = tmp_path / "scan_compile.json"
+  result = scan_compile.main(["--layers", "1,2", "--batch", "1", "--prompt-len", "4",
+                              "--response-len", "12", "--chunk", "16", "--out", str(out)])
+  assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+  assert result["benchmark"] == "scan_compile"
+  assert [d["layers"] for d in result["depths"]] == [1, 2]
+  for depth in result["depths"]:
+    unrolled, scanned = depth["unrolled"], depth["scanned"]
+    assert _close(depth["scanned_over_unrolled_compile"],
+                  scanned["compile_s"] / unrolled["compile_s"])
+    assert _close(depth["scanned_over_unrolled_temp"],
+                  scanned["memory"]["temp_bytes"] / unrolled["memory"]["temp_bytes"])
+    # Same weights, same batch: the one step each side ran gives the same loss.
+    assert math.isfinite(unrolled["loss"])
+    assert math.isclose(scanned["loss"], unrolled["loss"], rel_tol=1e-4)
+    for side in (unrolled, scanned):
+      memory = side["memory"]
+      assert memory["total_bytes"] == (memory["argument_bytes"] + memory["output_bytes"]
+                                       - memory["alias_bytes"] + memory["temp_bytes"])
+  # The parameters (and Adam's moments) of the 2-layer model outweigh the 1-layer one's.
+  args_1, args_2 = (d["unrolled"]["memory"]["argument_bytes"] for d in result["depths"])
+  d, f, heads, kv_heads, head_dim = 128, 512, 4, 2, 32
+  per_layer = (d * heads * head_dim * 2 + d * kv_heads * head_dim * 2 + 3 * d * f + 2 * d
+               + 2 * head_dim)
+  assert args_2 - args_1 == 3 * 4 * per_layer
+  for depth in result["depths"]:
+    assert depth["scanned"]["memory"]["argument_bytes"] == depth["unrolled"]["memory"][
+        "argument_bytes"]
+  ratios = result["deep_over_shallow_compile"]
+  for side in ("unrolled", "scanned"):
+    assert _close(ratios[side], result["depths"][1][side]["compile_s"]
+                  / result["depths"][0][side]["compile_s"])
+  assert result["target"]["met"] == (ratios["scanned"] <= 1.5)
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    (train_step_bench, ["--models", "qwen9"], "--models"),
+    (train_step_bench, ["--response-len", "1"], "--response-len must be >= 2"),
+    (loss_memory, ["--chunk", "0"], "--chunk must be >= 1"),
+    (vs_tunix, ["--driver", "/nonexistent/tunix_grpo_bench.py"], "--driver"),
+    (vs_tunix, ["--configs", "qwen3-9l"], "--configs"),
+    (scan_compile, ["--layers", "12,4"], "--layers needs at least two depths"),
+])
+def test_bad_arguments_are_named(module, argv, message, capsys):
+  with pytest.raises(SystemExit):
+    module.main(argv)
+  assert message in capsys.readouterr().err
+
+
+def test_tunix_venv_with_another_jax_is_refused(tmp_path):
+  python = tmp_path / "bin" / "python"
+  python.parent.mkdir()
+  python.write_text("#!/bin/sh\necho '{\"google-tunix\": \"0.1.7\", \"jax\": \"0.4.1\", "
+                    "\"jaxlib\": \"0.4.1\", \"flax\": \"0.1\", \"optax\": \"0.1\"}'\n")
+  python.chmod(0o755)
+  with pytest.raises(RuntimeError, match="jax 0.4.1"):
+    vs_tunix.ensure_venv(tmp_path)
+
+
+@pytest.mark.skipif(not vs_tunix.venv_python(vs_tunix.DEFAULT_VENV).exists()
+                    or not vs_tunix.DEFAULT_DRIVER.is_file(),
+                    reason="needs .venv-tunix (created by benchmarks/vs_tunix.py) and the driver")
+def test_vs_tunix_ratio_follows_from_reported_times(tmp_path):
+  out = tmp_path / "vs_tunix.json"
+  result = vs_tunix.main([
+      "--configs", TINY, "--batch", str(ROWS), "--prompt-len", str(PROMPT),
+      "--response-len", str(RESPONSE), "--chunk", "32", "--warmup", "1", "--iters", "2",
+      "--matmul-size", "128", "--matmul-seconds", "0", "--out", str(out)])
+  assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+  assert result["tunix_venv"]["jax"] == result["machine"]["jax"]
+  (config,) = result["configs"]
+  (round_,) = config["rounds"]
+  assert round_["order"] == ["tunix", "ours"]
+  assert _close(config["tunix_step_s"], round_["tunix"]["median_s"])
+  assert _close(config["ours_step_s"], round_["ours"]["step"]["median_s"])
+  assert _close(config["ours_cpu_step_s"], round_["ours"]["step"]["cpu_median_s"])
+  assert _close(config["speedup_ours_over_tunix"], config["tunix_step_s"] / config["ours_step_s"])
+  assert config["tokens_per_step"] == ROWS * SEQ
+  assert _close(config["ours_tokens_per_s"], ROWS * SEQ / config["ours_step_s"])
+  assert _close(config["tunix_tokens_per_s"], ROWS * SEQ / config["tunix_step_s"])
+  # Both sides ran the same architecture: the same number of parameters.
+  d, f, vocab = 128, 512, 512
+  per_layer = d * 4 * 32 * 2 + d * 2 * 32 * 2 + 3 * d * f + 2 * d + 2 * 32
+  assert round_["tunix"]["n_params"] == vocab * d + 2 * per_layer + d
+  assert math.isfinite(round_["ours"]["final_loss"])
+
+
+# ----------------------------------------------------------------------------- e2e.py
+
+E2E_PROMPTS, E2E_G, E2E_C = 1, 2, 8
+
+
+@pytest.fixture(scope="module")
+def e2e_run(tmp_path_factory):
+  """One timed iteration of each part (warm-up 0: it compiles too; no time is asserted)."""
+  from tests.helpers import model_utils as mu  # noqa: PLC0415 - the repo root is on the path
+  from benchmarks import e2e  # noqa: PLC0415
+  out = tmp_path_factory.mktemp("bench") / "e2e.json"
+  argv = ["--prompts", str(E2E_PROMPTS), "--group-size", str(E2E_G), "--prompt-len", "8",
+          "--completion-len", str(E2E_C), "--warmup", "0", "--iters", "1",
+          "--envs", "frozenlake", "--pool-groups", "2", "--batch-groups", "1",
+          "--driver", str(vs_tunix.DEFAULT_DRIVER if vs_tunix.DEFAULT_DRIVER.exists()
+                          else common.REPO_ROOT.parents[1] / "shared" / "peers" /
+                          "tunix_grpo_bench.py"),
+          "--out", str(out)]
+  if not vs_tunix.venv_python(vs_tunix.DEFAULT_VENV).exists():
+    argv.append("--skip-tunix")
+  returned = e2e.main(argv, tokenizer=mu.tiny_tokenizer())
+  return returned, json.loads(out.read_text())
+
+
+def test_e2e_json_rates_and_shares_follow_from_its_times(e2e_run):
+  returned, written = e2e_run
+  assert written["ours_common"] == json.loads(json.dumps(returned["ours_common"]))
+  for name in ("tunix", "ours_common", "ours_agentic"):
+    if name not in written:
+      continue
+    part = written[name]
+    assert _close(part["trained_tokens_per_s"],
+                  part["trained_tokens_per_iteration"] / part["iteration_s"])
+    assert _close(sum(part["stage_share"].values()), 1.0)
+    assert _close(part["iteration_s"], sum(part["stage_s"].values()))   # one iteration
+  # Single-turn work without a stop token: every completion has exactly C trained tokens.
+  assert written["ours_common"]["trained_tokens_per_iteration"] == E2E_PROMPTS * E2E_G * E2E_C
+  assert set(written["ours_agentic"]["stage_s"]) == {
+      "rollout", "judge", "advantages", "select", "teacher", "batch", "step", "sync"}
+  assert written["ours_agentic"]["trained_tokens_per_iteration"] > 0
+
+
+def test_e2e_ratio_follows_from_reported_rates(e2e_run):
+  _, written = e2e_run
+  if "tunix" not in written:
+    pytest.skip(f"{vs_tunix.DEFAULT_VENV} is missing (benchmarks/vs_tunix.py creates it): the "
+                "tunix half of e2e.py was skipped")
+  assert written["tunix"]["trained_tokens_per_iteration"] == E2E_PROMPTS * E2E_G * E2E_C
+  assert _close(written["ratio_ours_common_over_tunix"],
+                written["ours_common"]["trained_tokens_per_s"] /
+                written["tunix"]["trained_tokens_per_s"])

@@ -1,0 +1,444 @@
+"""Selection: RISED's greedy objectives against numpy references and brute force, baselines,
+exact resume from state_dict, and the registry's errors."""
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from rised_jax.select import SELECTORS, cosine_similarity, greedy_select, make_selector
+from rised_jax.rubrics.profiles import group_profile
+from rised_jax.types import Group, GroupTags, Task, Trajectory
+
+NUM_TAGS = 13
+
+
+def make_group(env, seed, tags, rewards, unjudged=None):
+  """A group whose rollout i has reward (= success) rewards[i], and its judge's answer: tag
+  vector tags[i] (tags None: no rollout judged), unjudged[i] marking failed judgements."""
+  trajs = [Trajectory(Task(env, seed), [], [], [], 0, [], success=bool(reward > 0.5),
+                      reward=float(reward)) for reward in rewards]
+  if tags is None:
+    group_tags = GroupTags(np.zeros((len(rewards), NUM_TAGS), np.float32),
+                           np.ones(len(rewards), bool))
+  else:
+    group_tags = GroupTags(np.asarray(tags, np.float32).reshape(len(rewards), -1),
+                           np.asarray(unjudged if unjudged is not None else
+                                      [False] * len(rewards), bool))
+  return Group(Task(env, seed), trajs), group_tags
+
+
+def unzip(pairs):
+  """[(group, tags)] -> (groups, tags)."""
+  pairs = list(pairs)
+  return [g for g, _ in pairs], [t for _, t in pairs]
+
+
+def random_pool(rng, num_groups, group_size=8, num_envs=4, noise=0.15):
+  """Groups whose binary tags follow per-environment rates (plus per-group noise), and their
+  tags."""
+  env_rates = rng.beta(0.5, 0.5, size=(num_envs, NUM_TAGS))
+  pairs = []
+  for k in range(num_groups):
+    env = int(rng.integers(num_envs))
+    rates = np.clip(env_rates[env] + rng.normal(0, noise, NUM_TAGS), 0, 1)
+    tags = (rng.random((group_size, NUM_TAGS)) < rates).astype(np.float32)
+    rewards = (rng.random(group_size) < rng.random()).astype(np.float32)
+    pairs.append(make_group(f"env{env}", k, tags, rewards))
+  return unzip(pairs)
+
+
+def choose(selector, pool_and_tags, batch_size, step):
+  """`selector.select` on a (pool, tags) pair."""
+  pool, tags = pool_and_tags
+  return selector.select(pool, batch_size, step, tags)
+
+
+def profiles_of(pool, tags):
+  return np.stack([group_profile(g, t) for g, t in zip(pool, tags)]).astype(np.float64)
+
+
+def mean_gap(profiles, subset):
+  return float(np.sum((profiles[list(subset)].mean(0) - profiles.mean(0)) ** 2))
+
+
+# --- similarity and the greedy objectives ------------------------------------------------------
+
+def test_cosine_similarity_matches_numpy_and_handles_zero_rows():
+  rng = np.random.default_rng(0)
+  a = rng.random((5, 4))
+  a[2] = 0
+  b = rng.random((3, 4))
+  expected = np.zeros((5, 3))
+  for i, j in itertools.product(range(5), range(3)):
+    if i != 2:
+      expected[i, j] = a[i] @ b[j] / (np.linalg.norm(a[i]) * np.linalg.norm(b[j]))
+  np.testing.assert_allclose(cosine_similarity(a, b), expected, atol=1e-12)
+
+
+def test_lambda_zero_is_pure_alignment():
+  rng = np.random.default_rng(1)
+  for _ in range(20):
+    pool, tags = random_pool(rng, 20)
+    phi = profiles_of(pool, tags)
+    target = phi.mean(0)
+    alignment = [p @ target / (np.linalg.norm(p) * np.linalg.norm(target)) for p in phi]
+    chosen = make_selector("rised", lam=0.0).select(pool, 6, step=3, tags=tags)
+    assert chosen == list(np.argsort(alignment)[::-1][:6])
+
+
+def test_mmr_redundancy_term_matches_a_direct_implementation():
+  """Each pick maximises sim(φ_g, φ̄) − λ·max_{s∈S} sim(φ_g, φ_s), written with loops."""
+  rng = np.random.default_rng(2)
+  for lam in (0.3, 2.0):
+    pool, tags = random_pool(rng, 15)
+    phi = profiles_of(pool, tags)
+    target = phi.mean(0)
+
+    def cos(u, v):
+      return u @ v / (np.linalg.norm(u) * np.linalg.norm(v))
+
+    expected = []
+    for _ in range(5):
+      scores = {g: cos(phi[g], target) - lam * max((cos(phi[g], phi[s]) for s in expected),
+                                                   default=0.0)
+                for g in range(len(pool)) if g not in expected}
+      expected.append(max(scores, key=scores.get))
+    assert make_selector("rised", lam=lam).select(pool, 5, step=0, tags=tags) == expected
+
+
+def test_composition_with_one_pick_is_the_brute_force_optimum():
+  rng = np.random.default_rng(3)
+  for _ in range(30):
+    pool, tags = random_pool(rng, int(rng.integers(2, 7)))
+    phi = profiles_of(pool, tags)
+    best = min(range(len(pool)), key=lambda g: np.sum((phi[g] - phi.mean(0)) ** 2))
+    selector = make_selector("rised", objective="composition", lam=0.0)
+    assert selector.select(pool, 1, 0, tags) == [best]
+
+
+@pytest.mark.parametrize("objective", ["mmr", "composition"])
+@pytest.mark.parametrize("num_groups,batch_size", [(32, 8), (64, 16)])
+def test_selected_mean_profile_is_closer_to_the_pool_mean_than_random(objective, num_groups,
+                                                                      batch_size):
+  rng = np.random.default_rng(5)
+  selector = make_selector("rised", objective=objective)
+  ours, theirs = [], []
+  for step in range(60):
+    pool, tags = random_pool(rng, num_groups)
+    phi = profiles_of(pool, tags)
+    ours.append(mean_gap(phi, selector.select(pool, batch_size, step, tags)))
+    theirs.append(np.mean([mean_gap(phi, rng.permutation(num_groups)[:batch_size])
+                           for _ in range(20)]))
+  assert np.mean(ours) < 0.8 * np.mean(theirs)
+
+
+def test_composition_is_never_worse_than_random_on_average():
+  rng = np.random.default_rng(6)
+  selector = make_selector("rised", objective="composition")
+  for batch_size in (1, 4, 16, 24):   # pool 32; at B = K - 1 greedy is only at parity
+    ours, theirs = [], []
+    for step in range(20):
+      pool, tags = random_pool(rng, 32)
+      phi = profiles_of(pool, tags)
+      ours.append(mean_gap(phi, selector.select(pool, batch_size, step, tags)))
+      theirs.append(np.mean([mean_gap(phi, rng.permutation(32)[:batch_size])
+                             for _ in range(20)]))
+    assert np.mean(ours) <= np.mean(theirs)
+
+
+def test_profiles_with_success_rate_and_unjudged_rollouts():
+  tags = np.eye(3, NUM_TAGS)
+  group, group_tags = make_group("a", 0, tags, [1, 0, 1], unjudged=[False, False, True])
+  np.testing.assert_allclose(group_profile(group, group_tags, with_success=True),
+                             np.concatenate([tags[:2].mean(0), [2 / 3]]), rtol=1e-6)
+  # A fully unjudged group has a zero profile: no NaN, and it stays eligible.
+  unjudged = make_group("a", 1, None, [0, 1])
+  others, other_tags = random_pool(np.random.default_rng(7), 5)
+  pool, pool_tags = [unjudged[0]] + others, [unjudged[1]] + other_tags
+  np.testing.assert_array_equal(group_profile(*unjudged), np.zeros(NUM_TAGS))
+  for options in ({}, {"with_success": True}, {"objective": "composition"}):
+    chosen = make_selector("rised", **options).select(pool, 6, 0, pool_tags)
+    assert sorted(chosen) == list(range(6))
+
+
+def test_identical_and_zero_profiles_give_distinct_seeded_choices():
+  tags = np.ones((4, NUM_TAGS))
+  same = unzip(make_group("a", k, tags, [1, 0, 1, 0]) for k in range(10))
+  zeros = unzip(make_group("a", k, None, [0, 0]) for k in range(10))
+  for pool, pool_tags in (same, zeros):
+    for objective in ("mmr", "composition"):
+      first = make_selector("rised", objective=objective, seed=1).select(pool, 4, 0, pool_tags)
+      assert len(set(first)) == 4
+      assert make_selector("rised", objective=objective, seed=1).select(pool, 4, 0,
+                                                                        pool_tags) == first
+      # Ties are broken by a seeded random order, not by position in the pool.
+      draws = {tuple(make_selector("rised", objective=objective, seed=s).select(pool, 4, 0,
+                                                                                pool_tags))
+               for s in range(10)}
+      assert len(draws) > 1
+
+
+def test_greedy_select_penalty_shifts_choices():
+  phi = np.array([[1.0, 0.0], [1.0, 0.1], [0.0, 1.0]])
+  target = np.array([1.0, 0.01])   # closest in angle to φ_0, largest dot product with φ_1
+  order = np.arange(3)
+  assert greedy_select(phi, target, 1, "mmr", 0.0, "cosine", np.zeros(3), order) == [0]
+  penalty = np.array([10.0, 0.0, 0.0])
+  assert greedy_select(phi, target, 1, "mmr", 0.0, "cosine", penalty, order) == [1]
+  assert greedy_select(phi, target, 1, "mmr", 0.0, "dot", np.zeros(3), order) == [1]
+
+
+# --- properties every selector has ------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(SELECTORS))
+def test_every_selector_returns_distinct_valid_indices(name):
+  rng = np.random.default_rng(8)
+  selector = make_selector(name, seed=3)
+  for step, (size, batch) in enumerate([(20, 8), (8, 8), (5, 8), (1, 3), (0, 4), (12, 0)]):
+    pool, tags = random_pool(rng, size)
+    chosen = selector.select(pool, batch, step, tags)
+    assert len(set(chosen)) == len(chosen) == min(size, batch)
+    assert all(isinstance(i, int) and 0 <= i < size for i in chosen)
+
+
+@pytest.mark.parametrize("name", sorted(SELECTORS))
+def test_every_selector_is_deterministic_given_seed_and_step(name):
+  pools = [random_pool(np.random.default_rng(9), 24) for _ in range(2)]
+  a, b = make_selector(name, seed=11), make_selector(name, seed=11)
+  for step in range(3):
+    assert choose(a, pools[0], 8, step) == choose(b, pools[1], 8, step)
+
+
+def test_select_validates_arguments():
+  selector = make_selector("random")
+  with pytest.raises(ValueError, match=r"batch_size=-1"):
+    selector.select([], -1, 0)
+  with pytest.raises(ValueError, match=r"step=1.5"):
+    selector.select([], 1, 1.5)
+  with pytest.raises(TypeError, match=r"pool\[0\] is str"):
+    selector.select(["g"], 1, 0)
+
+
+def test_registry_errors():
+  with pytest.raises(ValueError, match=r"unknown selector 'mmr'; expected one of \['dapo', "
+                     r"'env_curriculum', 'random', 'rised', 'success_rate', 'uniform', "
+                     r"'variance'\]"):
+    make_selector("mmr")
+  with pytest.raises(ValueError, match=r"selector 'rised' has no option\(s\) \['lambda'\]; "
+                     r"accepted options: \['objective', 'lam',"):
+    make_selector("rised", **{"lambda": 1.0})
+  with pytest.raises(ValueError, match=r"objective='max'; expected one of \['mmr', "
+                     r"'composition'\]"):
+    make_selector("rised", objective="max")
+  with pytest.raises(ValueError, match=r"history='steps'"):
+    make_selector("rised", history="steps")
+  with pytest.raises(ValueError, match=r"shortfall='refill'"):
+    make_selector("dapo", shortfall="refill")
+  with pytest.raises(ValueError, match=r"seed=-1"):
+    make_selector("random", seed=-1)
+
+
+# --- memory of earlier steps and exact resume -------------------------------------------------
+
+def test_task_history_avoids_recently_chosen_tasks_and_forgets_them():
+  pool, tags = random_pool(np.random.default_rng(10), 16)
+  selector = make_selector("rised", history="task", history_weight=100.0, history_decay=0.5,
+                           history_window=2)
+  first = selector.select(pool, 8, step=0, tags=tags)
+  second = selector.select(pool, 8, step=1, tags=tags)
+  assert not set(first) & set(second)
+  assert selector.state_dict()["task_steps"] == {
+      **{pool[i].task.key: 0 for i in first}, **{pool[i].task.key: 1 for i in second}}
+  # Step 3: step-0 choices are out of the window (age 3 > 2), step-1 choices are not.
+  third = selector.select(pool, 8, step=3, tags=tags)
+  assert set(third) == set(first)
+
+
+def test_profile_history_penalises_similar_profiles():
+  a = make_group("x", 0, np.tile(np.eye(1, NUM_TAGS, 0), (2, 1)), [1, 0])
+  a2 = make_group("x", 1, np.tile(np.eye(1, NUM_TAGS, 0), (2, 1)), [1, 0])
+  b = make_group("x", 2, np.tile(np.eye(1, NUM_TAGS, 1), (2, 1)), [1, 0])
+  selector = make_selector("rised", history="profile", history_weight=5.0, lam=0.0)
+  assert choose(selector, unzip([a, b]), 1, 0) in ([0], [1])
+  remembered = selector.state_dict()["profiles"]
+  assert len(remembered) == 1 and remembered[0][0] == 0
+  picked_a = np.argmax(remembered[0][1]) == 0
+  # Next step: the group resembling the remembered profile loses to the other one.
+  assert choose(selector, unzip([a2, b]), 1, 1) == ([1] if picked_a else [0])
+
+
+@pytest.mark.parametrize("name,options", [
+    ("rised", {"history": "task"}), ("rised", {"history": "profile", "objective": "composition"}),
+    ("env_curriculum", {}), ("env_curriculum", {"score": "failure_rate"}), ("dapo", {}),
+    ("variance", {"mode": "proportional"}), ("uniform", {})])
+def test_state_round_trip_gives_identical_next_selections(name, options):
+  rng = np.random.default_rng(12)
+  pools = [random_pool(rng, 24) for _ in range(6)]
+  original = make_selector(name, seed=5, **options)
+  for step in range(3):
+    choose(original, pools[step], 8, step)
+  state = json.loads(json.dumps(original.state_dict()))   # must be plain data
+  resumed = make_selector(name, seed=5, **options)
+  resumed.load_state_dict(state)
+  for step in range(3, 6):
+    assert choose(resumed, pools[step], 8, step) == choose(original, pools[step], 8, step)
+  with pytest.raises(ValueError, match="state has keys|keeps no state"):
+    make_selector(name, **options).load_state_dict({"bogus": 1})
+
+
+# --- baselines --------------------------------------------------------------------------------
+
+def test_uniform_takes_the_pool_in_order():
+  pool, tags = random_pool(np.random.default_rng(13), 10)
+  assert make_selector("uniform").select(pool, 4, 7, tags) == [0, 1, 2, 3]
+
+
+def flat_and_varied_pool():
+  """Groups whose rewards are flat or varied; baselines read rewards only (no tags)."""
+  flat = unzip(make_group("a", k, None, [r] * 4) for k, r in enumerate([0, 1, 0, 1, 0]))[0]
+  varied = unzip(make_group("a", 10 + k, None, [0, 1, 0, 0]) for k in range(3))[0]
+  return [flat[0], varied[0], flat[1], flat[2], varied[1], flat[3], varied[2], flat[4]]
+
+
+def test_dapo_drops_zero_variance_groups():
+  pool = flat_and_varied_pool()
+  varied = {1, 4, 6}
+  assert set(make_selector("dapo").select(pool, 2, 0)) <= varied
+  assert set(make_selector("dapo").select(pool, 3, 0)) == varied
+  padded = make_selector("dapo", shortfall="pad").select(pool, 5, 0)
+  assert set(padded[:3]) == varied and len(set(padded)) == 5
+  assert set(make_selector("dapo", shortfall="truncate").select(pool, 5, 0)) == varied
+
+
+def test_variance_prioritisation():
+  variances = [0.0, 0.25, 0.1875, 0.0, 0.25, 0.1875]
+  pool, _ = unzip(make_group("a", k, None, r) for k, r in enumerate(
+      [[0, 0, 0, 0], [0, 1, 0, 1], [0, 0, 0, 1], [1, 1, 1, 1], [1, 0, 1, 0], [1, 1, 1, 0]]))
+  np.testing.assert_allclose([g.rewards.var() for g in pool], variances)
+  assert set(make_selector("variance").select(pool, 2, 0)) == {1, 4}
+  assert set(make_selector("variance").select(pool, 4, 0)) == {1, 2, 4, 5}
+  counts = np.zeros(6)
+  selector = make_selector("variance", mode="proportional", floor=1e-3)
+  for step in range(300):
+    for i in selector.select(pool, 1, step):
+      counts[i] += 1
+  assert counts[[1, 4]].sum() > 20 * counts[[0, 3]].sum()
+
+
+def curriculum_pool(pass_rates, groups_per_env=4, group_size=4):
+  pool = []
+  for env, rate in pass_rates.items():
+    successes = int(round(rate * group_size))
+    for k in range(groups_per_env):
+      pool.append(make_group(env, k, None, [1] * successes + [0] * (group_size - successes)))
+  return unzip(pool)[0]
+
+
+def test_curriculum_statistics_follow_a_hand_computed_ema():
+  selector = make_selector("env_curriculum", fast_rate=0.5, slow_rate=0.25, exploration=0.0)
+  for step, rate in enumerate([0.0, 0.5, 1.0]):
+    selector.select(curriculum_pool({"rising": rate, "flat": 0.5}), 2, step)
+  fast, slow = 0.0, 0.0
+  for rate in (0.5, 1.0):
+    fast += 0.5 * (rate - fast)
+    slow += 0.25 * (rate - slow)
+  assert selector.stats["rising"] == pytest.approx({"fast": fast, "slow": slow, "updates": 3})
+  assert selector.stats["flat"] == pytest.approx({"fast": 0.5, "slow": 0.5, "updates": 3})
+  # Learning progress |fast − slow| is zero for the flat environment: only "rising" is drawn.
+  np.testing.assert_allclose(selector.env_probabilities(["flat", "rising"]), [0.0, 1.0])
+  pool = curriculum_pool({"rising": 1.0, "flat": 0.5})
+  assert {pool[i].task.env for i in selector.select(pool, 4, 3)} == {"rising"}
+
+
+def test_curriculum_failure_rate_and_exploration():
+  selector = make_selector("env_curriculum", score="failure_rate", exploration=0.2)
+  selector.select(curriculum_pool({"easy": 1.0, "hard": 0.25}), 1, 0)
+  w = np.array([0.0, 0.75])
+  np.testing.assert_allclose(selector.env_probabilities(["easy", "hard"]),
+                             0.8 * w / w.sum() + 0.2 * 0.5)
+  # When the weighted environments run out of groups, the others fill the batch.
+  chosen = selector.select(curriculum_pool({"easy": 1.0, "hard": 0.25}, groups_per_env=2), 4, 1)
+  assert sorted(chosen) == [0, 1, 2, 3]
+
+
+# --- groups without a profile and cross-step overlap ------------------------------------------
+
+ARCHETYPES = {"A": [0, 1], "B": [2, 3], "C": [1, 4], "D": [0, 5]}
+
+
+def archetype_pool():
+  """8 groups of a common archetype A, 4 of B, 2 of C, 1 successful D, 1 unjudged U (issue 14).
+  Returns the pool, its tags and each group's archetype letter."""
+  letters = ["A"] * 8 + ["B"] * 4 + ["C"] * 2 + ["D", "U"]
+  pool = []
+  for k, letter in enumerate(letters):
+    if letter == "U":
+      pool.append(make_group("x", k, None, [0, 0, 1, 0]))
+      continue
+    tags = np.zeros((4, NUM_TAGS))
+    tags[:, ARCHETYPES[letter]] = 1
+    pool.append(make_group("x", k, tags, [1, 1, 1, 1] if letter == "D" else [0, 1, 0, 0]))
+  return (*unzip(pool), letters)
+
+
+@pytest.mark.parametrize("options", [{}, {"lam": 0.5}, {"with_success": True},
+                                     {"objective": "composition"}, {"history": "profile"}])
+def test_an_unjudged_group_is_never_chosen_ahead_of_a_judged_one(options):
+  """Old behaviour: U's zero profile scored 0 and MMR (λ = 2) picked A, B, U, C."""
+  pool, tags, letters = archetype_pool()
+  for seed in range(20):
+    selector = make_selector("rised", seed=seed, **options)
+    for step in range(3):
+      picked = [letters[i] for i in selector.select(pool, 4, step, tags)]
+      assert "U" not in picked, (seed, step, picked)
+    # Only when the judged groups run out does U fill the batch, and last.
+    assert [letters[i] for i in selector.select(pool, 16, 9, tags)][-1] == "U"
+  default = [letters[i] for i in make_selector("rised", seed=0).select(pool, 4, 0, tags)]
+  assert default[:2] == ["A", "B"]
+
+
+def test_task_history_fires_on_a_repeated_instance_under_another_seed():
+  """Two seeds that generate the same one-move map are the same instance: chosen at step 0,
+  the instance is penalised at step 1 even though its seed is new."""
+  from rised_jax import envs
+  small = dict(size=2, holes=0, min_distance=1, max_turns=1)
+  keys = {}
+  for seed in range(100):
+    keys.setdefault(envs.instance_key("frozenlake", seed, small), []).append(seed)
+  (s0, s1), (t0, t1) = [seeds[:2] for seeds in list(keys.values())[:2]]
+  tags = np.tile(np.eye(1, NUM_TAGS, 0), (2, 1))
+
+  def group(seed):
+    plain, group_tags = make_group("frozenlake", seed, tags, [1, 0])
+    return Group(Task("frozenlake", seed, small), plain.trajectories), group_tags
+
+  selector = make_selector("rised", history="task", history_weight=5.0, lam=0.0, seed=0)
+  first = choose(selector, unzip([group(s0), group(t0)]), 1, 0)
+  repeat_of_first = [group(s1), group(t1)][first[0]]
+  other = [group(t1), group(s1)][first[0]]
+  assert choose(selector, unzip([repeat_of_first, other]), 1, 1) == [1]
+  # Without the history reading the tie goes either way, by the seeded order.
+  plain = {tuple(choose(make_selector("rised", lam=0.0, seed=s), unzip([repeat_of_first, other]),
+                        1, 1)) for s in range(10)}
+  assert plain == {(0,), (1,)}
+
+
+@pytest.mark.parametrize("name, arg", [("tiny_cpu.py", "rised"), ("tiny_cpu.py", "rised,easy"),
+                                       ("smollm2_cpu.py", "rised"),
+                                       ("rised_qwen3_multienv.py", "rised,4b"),
+                                       ("rised_qwen3_multienv.py", "rised,1.7b,local")])
+def test_rised_configs_roll_out_four_candidates_per_trained_group(name, arg):
+  import warnings
+  from pathlib import Path
+  from rised_jax import pipelines
+  from tests.helpers.run_fixtures import load_config_file
+  config = load_config_file(Path(__file__).resolve().parents[2] / "experiments" / "configs"
+                            / name, arg)
+  assert config.select.pool_groups >= 4 * config.select.batch_groups
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    pipelines.validate(config)
+  config.select.pool_groups = config.select.batch_groups
+  with pytest.warns(UserWarning, match="pool_groups == batch_groups .* selection does nothing"):
+    pipelines.validate(config)
