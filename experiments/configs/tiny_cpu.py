@@ -12,7 +12,7 @@ from the exit, each action a single token, 256 held-out instances whose winning 
 differs (forward, turn left, turn right), so the policy must read the observation; a blind
 policy (one action sequence for every instance) wins at most 36 % of them. RISED rolls out K =
 4B candidate groups (the regime where its selection differs from a random subset). "signpost"
-is the learning test's setting: the plug-in game tests.helpers.learning_envs:Signpost (one move, named
+is the learning test's setting: the plug-in game tests.learning_envs:Signpost (one move, named
 by the observation in words; 64 held-out instances, the best constant move wins about a third
 of them).
 Hardware: 1 CPU core; well under a minute (easy: about five minutes on 2 shared cores).
@@ -34,10 +34,10 @@ def get_config(arg: str | None = None):
   c.rollout.prompt_buckets = [256, 512, 1024]
   c.rollout.new_token_buckets = [8, 32]
   if args.setting == "signpost":
-    # One move, named by the observation in words (tests/helpers/learning_envs.py): the learning
+    # One move, named by the observation in words (tests/learning_envs.py): the learning
     # test's setting. 256 instances (move, colour, shape); 64 held out.
     # G = 16: with G = 8 (150 steps) the greedy policy read only part of the sign.
-    c.envs.names = ["tests.helpers.learning_envs:Signpost"]
+    c.envs.names = ["tests.learning_envs:Signpost"]
     c.rollout.group_size = 16
     c.rollout.max_new_tokens_per_turn = 1
     c.rollout.max_total_tokens = 384

@@ -1,6 +1,6 @@
 """Learning: training must make the policy read the observation.
 
-The setting (`tiny_cpu.py:grpo,signpost`, the plug-in game `tests.helpers.learning_envs:Signpost`)
+The setting (`tiny_cpu.py:grpo,signpost`, the plug-in game `tests.learning_envs:Signpost`)
 has held-out instances that need different winning moves, so a policy that ignores the
 observation — at best one fixed sequence of actions, whatever the instance — wins only the
 share of instances that sequence solves. That share is computed exactly here by playing every
@@ -20,7 +20,7 @@ import scipy.stats
 from rised_jax import envs, evaluate, trainer
 from rised_jax.learn import batching
 from rised_jax.model import tiny
-from tests.helpers import learning_envs
+from tests import learning_envs
 from tests.helpers.run_fixtures import TINY_CONFIG as CONFIG, load_config_file
 
 SETTING = "grpo,signpost"
