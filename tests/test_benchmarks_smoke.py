@@ -6,6 +6,7 @@ asserted. The tunix comparison runs only where `.venv-tunix` exists (vs_tunix.py
 """
 from __future__ import annotations
 
+import ast
 import json
 import math
 
@@ -267,9 +268,6 @@ def e2e_run(tmp_path_factory):
   argv = ["--prompts", str(E2E_PROMPTS), "--group-size", str(E2E_G), "--prompt-len", "8",
           "--completion-len", str(E2E_C), "--warmup", "0", "--iters", "1",
           "--envs", "frozenlake", "--pool-groups", "2", "--batch-groups", "1",
-          "--driver", str(vs_tunix.DEFAULT_DRIVER if vs_tunix.DEFAULT_DRIVER.exists()
-                          else common.REPO_ROOT.parents[1] / "shared" / "peers" /
-                          "tunix_grpo_bench.py"),
           "--out", str(out)]
   if not vs_tunix.venv_python(vs_tunix.DEFAULT_VENV).exists():
     argv.append("--skip-tunix")
