@@ -1,6 +1,7 @@
 """The main job's time and stage shares before and after each speed change, in one run.
 
-  JAX_PLATFORMS=cpu python3 benchmarks/main_job_changes.py   # → benchmarks/results/main_job_changes.json
+  JAX_PLATFORMS=cpu python3 benchmarks/main_job_changes.py
+      # → benchmarks/results/main_job_changes.json (SmolLM2: about half an hour on 2 cores)
 
 A short version of the main job (--config, default experiments/configs/smollm2_cpu.py, with
 train.steps = --steps and eval.episodes_per_env = --eval-episodes, in a fresh temporary
@@ -19,12 +20,14 @@ config ships (d): decode_chunk is off there). shared_prefill is not a config key
 loop always offers it to the engine); "off" is JaxEngine declining it, patched in the child
 process only, as `benchmarks/sampler.py --rollout` does with a wrapper.
 
-Recorded per configuration: wall and CPU seconds of the whole process (start-up, imports and
-all) and of `trainer.train`, and each stage's seconds summed over the steps from the time/*
-scalars in metrics.jsonl (rollout, judge, advantages, select, teacher, batch, step, sync,
-eval), with its share of `trainer.train`'s wall time; `other` is the rest of it (model load,
-the evaluation before training, checkpoints, logging). Ratios are to (a) (to the first one run
-with --only).
+Recorded per configuration: the engine's work summed over every generate call (prompt tokens
+whose KV rows were copied from a shared prefill or kept from the previous call instead of
+computed; decode row-steps: rows × decode steps run), wall and CPU seconds of the whole
+process (start-up, imports and all) and of `trainer.train`, and each stage's seconds summed
+over the steps from the time/* scalars in metrics.jsonl (rollout, judge, advantages, select,
+teacher, batch, step, sync, eval), with its share of `trainer.train`'s wall time; `other` is
+the rest of it (model load, the evaluation before training, checkpoints, logging). Ratios are
+to (a) (to the first one run with --only).
 
 No change is meant to change a token. Each configuration's rollouts (rollouts.jsonl: per
 rollout its env, seed, group, turns, agent tokens, the actions' text, reward) and evaluation
@@ -120,17 +123,28 @@ def shipped_settings(config) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- one run (child)
 
 
-def decline_shared_prefill() -> None:
-  """JaxEngine.generate ignores the shared_prefill the agent loop asks for (this process)."""
+ENGINE_COUNTERS = ("shared_tokens", "reused_tokens", "row_steps")
+
+
+def instrument_engine(accept_shared_prefill: bool) -> dict[str, int]:
+  """Wraps JaxEngine.generate (in this process): it sums the engine's per-call work counters
+  into the returned dict and, unless `accept_shared_prefill`, declines the shared prefill the
+  agent loop asks for."""
   from rised_jax.rollout.jax_engine import JaxEngine  # noqa: PLC0415
 
   generate = JaxEngine.generate
+  totals = dict.fromkeys(ENGINE_COUNTERS, 0) | {"calls": 0}
 
-  def declined(self, requests, *, shared_prefill: bool = False, **options):
-    del shared_prefill
-    return generate(self, requests, **options)
+  def counted(self, requests, *, shared_prefill: bool = False, **options):
+    results = generate(self, requests, shared_prefill=shared_prefill and accept_shared_prefill,
+                       **options)
+    for key in ENGINE_COUNTERS:
+      totals[key] += getattr(self, f"last_{key}")
+    totals["calls"] += 1
+    return results
 
-  JaxEngine.generate = declined
+  JaxEngine.generate = counted
+  return totals
 
 
 def run_child(spec_path: Path) -> None:
@@ -141,17 +155,17 @@ def run_child(spec_path: Path) -> None:
   for dotted, value in spec["overrides"].items():
     set_dotted(config, dotted, value)
   settings = dict(spec["settings"])
-  if not settings.pop(SHARED_PREFILL):
-    if config.rollout.engine != "jax":
-      raise ValueError(f"shared_prefill off needs rollout.engine=jax, got "
-                       f"{config.rollout.engine!r}")
-    decline_shared_prefill()
+  if config.rollout.engine != "jax":
+    raise ValueError(f"the changes are JaxEngine's: needs rollout.engine=jax, got "
+                     f"{config.rollout.engine!r}")
+  engine_work = instrument_engine(settings.pop(SHARED_PREFILL))
   for dotted, value in settings.items():
     set_dotted(config, dotted, value)
   wall, cpu = time.perf_counter(), time.process_time()
   trainer.train(config, spec["workdir"])
   Path(spec["result"]).write_text(json.dumps({
-      "train_s": time.perf_counter() - wall, "train_cpu_s": time.process_time() - cpu}))
+      "train_s": time.perf_counter() - wall, "train_cpu_s": time.process_time() - cpu,
+      "engine_work": engine_work}))
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -246,13 +260,16 @@ def summarize(rows: list[dict[str, Any]], shipped: dict[str, Any]) -> None:
 def print_table(rows: list[dict[str, Any]]) -> None:
   stages = [s for s in rows[0]["stage_s"]]
   head = f"{'config':22s} {'train s':>8s} {'cpu s':>8s} {'x 1st':>5s}"
-  print("\n" + head + "".join(f" {s[:8]:>13s}" for s in stages) + "  same as previous")
+  print("\n" + head + "".join(f" {s[:8]:>13s}" for s in stages)
+        + f" {'shared':>8s} {'reused':>8s} {'row-steps':>9s}  same as previous")
   for row in rows:
     label = f"({row['name']}) {row['label']}" + (" *" if row["shipped"] else "")
     line = (f"{label:22s} {row['train_s']:8.1f} {row['train_cpu_s']:8.1f} "
             f"{row['ratio_to_first']['train_s']:5.2f}")
     line += "".join(f" {row['stage_s'].get(s, 0.0):6.1f} ({row['stage_share'].get(s, 0.0):3.0%})"
                     for s in stages)
+    work = row["engine_work"]
+    line += f" {work['shared_tokens']:8d} {work['reused_tokens']:8d} {work['row_steps']:9d}"
     if "vs_previous" in row:
       v = row["vs_previous"]
       line += ("  yes" if v["same"] else
@@ -260,7 +277,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                f"eval episodes differ")
     print(line)
   print("* = the config file's own settings; stage: seconds summed over the steps (share of "
-        "trainer.train); other = model load, first evaluation, checkpoints, logging")
+        "trainer.train); other = model load, first evaluation, checkpoints, logging; shared / "
+        "reused: prompt tokens not prefilled; row-steps: decode rows x steps")
 
 
 # ----------------------------------------------------------------------------- main
