@@ -31,7 +31,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
 # Random-weight architectures (timing does not depend on the weights). The tiny Qwen3s are
-# the defaults of the shared tunix driver (shared/peers/tunix_grpo_bench.py): tied, fp32.
+# the defaults of the tunix driver (benchmarks/peers/tunix_grpo_bench.py): tied, fp32.
 _TINY_QWEN3 = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 512,
     "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2,

@@ -5,7 +5,7 @@
 Three measurements on the random tiny Qwen3 of the tunix driver (2 layers, d = 128, tied,
 fp32), each: --warmup iterations (they compile), then --iters timed ones, stage by stage:
 
-  tunix        the driver `shared/peers/tunix_grpo_bench.py learner` in `.venv-tunix`
+  tunix        the driver `benchmarks/peers/tunix_grpo_bench.py learner` in `.venv-tunix`
                (vs_tunix.py creates it): tunix's GRPOLearner / RLCluster loop, its vanilla
                KV-cache sampler; per step --prompts random prompts of --prompt-len tokens,
                --group-size completions each of exactly --completion-len tokens (no stop
@@ -267,6 +267,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
       parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
   if args.warmup < 0:
     parser.error(f"--warmup must be >= 0, got {args.warmup}")
+  if not args.skip_tunix:
+    vs_tunix.check_driver(parser, args.driver)
   return args
 
 

@@ -28,9 +28,10 @@ cache-free decoding of the same work):
            transcript; both then decode --new-tokens tokens; `naive` decodes it cache-free.
   shared   --groups prompts x --group-size rows (a rollout group's first turn): `shared`
            prefills each prompt once and copies its cache rows, `separate` prefills every
-           row; timed for the prefill alone (1 new token) and for the whole call.
-  bound    each case's bytes (weights + the KV cache it writes, per prefill or decode step)
-           over its time, against the bandwidth of a large array copy measured here.
+           row; timed for the prefill alone (1 new token) and for the whole call; `naive`
+           decodes the same rows cache-free (greedy: the same work per step as sampling).
+  bound    each case's prefill bytes (weights + the KV cache it writes) over its time, and
+           that as a fraction of the bandwidth of a large array copy measured here.
 
 The rollout stage (--rollout): the main job's rollouts alone (experiments/configs/
 smollm2_cpu.py: its engine, buckets, agent loop, 4 environments, G rollouts of one task
@@ -239,10 +240,13 @@ def bench_reuse_and_sharing(name: str, model: Decoder, args: argparse.Namespace,
 
   same_draws = ([r.output_ids for r in grouped(n, True)()] ==
                 [r.output_ids for r in grouped(n, False)()])
+  group_naive = naive_greedy(model, groups, n)
+  group_naive()                                                        # compiles
   shared_prefill_s = best_time(grouped(1, True), args.repeats)
   separate_prefill_s = best_time(grouped(1, False), args.repeats)
   shared_s = best_time(grouped(n, True), args.repeats)
   separate_s = best_time(grouped(n, False), args.repeats)
+  group_naive_s = best_time(group_naive, args.naive_repeats)
 
   weights = param_bytes(model)
   itemsize = np.dtype(model.dtype).itemsize
@@ -250,6 +254,10 @@ def bench_reuse_and_sharing(name: str, model: Decoder, args: argparse.Namespace,
   transcript_kv = kv_cache_bytes(cfg, batch, second_len, itemsize)
   group_kv = kv_cache_bytes(cfg, len(groups), args.prompt_len, itemsize)
   distinct_kv = kv_cache_bytes(cfg, args.groups, args.prompt_len, itemsize)
+  prefill_rates = {"reuse": (weights + window_kv) / reuse_prefill_s,
+                   "fresh": (weights + transcript_kv) / fresh_prefill_s,
+                   "shared": (weights + distinct_kv) / shared_prefill_s,
+                   "separate": (weights + group_kv) / separate_prefill_s}
   return {
       "model": name, "batch": batch, "turn2_prompt_len": second_len, "window": args.window,
       "new_tokens": n, "groups": args.groups, "group_size": args.group_size,
@@ -259,15 +267,16 @@ def bench_reuse_and_sharing(name: str, model: Decoder, args: argparse.Namespace,
       "speedup_reuse_vs_fresh": fresh_s / reuse_s,
       "speedup_reuse_vs_fresh_prefill": fresh_prefill_s / reuse_prefill_s,
       "speedup_reuse_vs_naive": naive_s / reuse_s,
-      "reuse_prefill_bytes_per_s": (weights + window_kv) / reuse_prefill_s,
-      "fresh_prefill_bytes_per_s": (weights + transcript_kv) / fresh_prefill_s,
+      **{f"{case}_prefill_bytes_per_s": rate for case, rate in prefill_rates.items()},
+      **{f"{case}_prefill_fraction_of_bandwidth": rate / bandwidth
+         for case, rate in prefill_rates.items()},
       "shared_draws_agree": same_draws,
       "shared_prefill_s": shared_prefill_s, "separate_prefill_s": separate_prefill_s,
       "shared_total_s": shared_s, "separate_total_s": separate_s,
+      "group_naive_total_s": group_naive_s,
       "speedup_shared_vs_separate_prefill": separate_prefill_s / shared_prefill_s,
       "speedup_shared_vs_separate_total": separate_s / shared_s,
-      "shared_prefill_bytes_per_s": (weights + distinct_kv) / shared_prefill_s,
-      "separate_prefill_bytes_per_s": (weights + group_kv) / separate_prefill_s,
+      "speedup_shared_vs_naive": group_naive_s / shared_s,
       "bandwidth_bytes_per_s": bandwidth,
   }
 
@@ -421,15 +430,16 @@ def main() -> None:
         f"{copy_bandwidth / 1e9:.2f} GB/s")
   print(f"{'model':40s} {'reuse s':>8s} {'fresh s':>8s} {'naive s':>8s} {'x fresh':>8s} "
         f"{'x naive':>8s} {'shared pf':>9s} {'separ pf':>9s} {'x pf':>6s} {'x total':>7s} "
-        f"{'pf GB/s sh/sep':>15s} {'agree':>6s}")
+        f"{'x naive':>7s} {'pf of bw re/sh':>15s} {'agree':>6s}")
   for row in reuse_rows:
     print(f"{row['model']:40s} {row['reuse_total_s']:8.3f} {row['fresh_total_s']:8.3f} "
           f"{row['naive_total_s']:8.3f} {row['speedup_reuse_vs_fresh']:7.2f}x "
           f"{row['speedup_reuse_vs_naive']:7.2f}x {row['shared_prefill_s']:9.3f} "
           f"{row['separate_prefill_s']:9.3f} {row['speedup_shared_vs_separate_prefill']:5.2f}x "
           f"{row['speedup_shared_vs_separate_total']:6.2f}x "
-          f"{row['shared_prefill_bytes_per_s'] / 1e9:7.2f}/"
-          f"{row['separate_prefill_bytes_per_s'] / 1e9:<7.2f} "
+          f"{row['speedup_shared_vs_naive']:6.2f}x "
+          f"{row['reuse_prefill_fraction_of_bandwidth']:7.1%}/"
+          f"{row['shared_prefill_fraction_of_bandwidth']:<7.1%} "
           f"{str(row['reuse_tokens_agree'] and row['shared_draws_agree']):>6s}")
   stage = bench_rollout_stage(args) if args.rollout else None
   if stage:

@@ -5,8 +5,8 @@
 tunix is not a dependency: it lives in `.venv-tunix` at the repository root, which this script
 creates when missing (`python3 -m venv` + pip install google-tunix==0.1.7 with jax/jaxlib pinned
 to the version running here) and checks (its jax must equal ours). The tunix side is the shared
-driver `shared/peers/tunix_grpo_bench.py loss` (found beside the repository, or --driver),
-run in that environment; the driver's `train_step` is jit(value_and_grad(tunix grpo loss)) +
+driver `benchmarks/peers/tunix_grpo_bench.py loss` (or --driver), run in that environment
+(the driver imports only tunix and its dependencies, never rised_jax); the driver's `train_step` is jit(value_and_grad(tunix grpo loss)) +
 AdamW update on a random tiny Qwen3.
 
 Same work on both sides: the tiny Qwen3 (2 layers d 128 MLP 512, 4 heads, 2 KV heads, vocab
@@ -44,7 +44,7 @@ from rised_jax.learn import train_step as step_lib  # noqa: E402
 
 TUNIX_SPEC = "google-tunix==0.1.7"
 DEFAULT_VENV = common.REPO_ROOT / ".venv-tunix"
-DEFAULT_DRIVER = common.REPO_ROOT.parent / "shared" / "peers" / "tunix_grpo_bench.py"
+DEFAULT_DRIVER = common.REPO_ROOT / "benchmarks" / "peers" / "tunix_grpo_bench.py"
 # Our preset → the driver's flags for the same architecture (its other defaults: 4 heads,
 # 2 KV heads, head_dim = d / heads, vocab 512, tied, rope 1e4, eps 1e-6).
 CONFIGS = {
@@ -173,10 +173,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   if args.response_len < 2 or args.warmup < 0:
     parser.error(f"need --response-len >= 2 and --warmup >= 0; got {args.response_len}, "
                  f"{args.warmup}")
-  if not args.driver.is_file():
-    parser.error(f"--driver {args.driver}: not found; expected shared/peers/tunix_grpo_bench.py "
-                 f"(shared/ sits beside the repository)")
+  check_driver(parser, args.driver)
   return args
+
+
+def check_driver(parser: argparse.ArgumentParser, driver: Path) -> None:
+  if not driver.is_file():
+    parser.error(f"--driver {driver}: not found; expected the tunix driver, by default "
+                 f"{DEFAULT_DRIVER}")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -1,11 +1,13 @@
-"""Smoke tests of the learning-core benchmarks (benchmarks/train_step.py, loss_memory.py,
-vs_tunix.py, scan_compile.py): each runs its whole code path at the tiniest setting, and the JSON it writes
-must hold consistent values (ratios computed from the times it reports, FLOPs equal to a
-hand-worked count, memory parts adding up, chunked = naive loss). Wall-clock times are never
-asserted. The tunix comparison runs only where `.venv-tunix` exists (vs_tunix.py creates it).
+"""Smoke tests of the benchmarks (benchmarks/train_step.py, loss_memory.py, vs_tunix.py,
+scan_compile.py, e2e.py, main_job_changes.py): each runs its whole code path at the tiniest
+setting, and the JSON it writes must hold consistent values (ratios computed from the times it
+reports, FLOPs equal to a hand-worked count, memory parts adding up, chunked = naive loss,
+stage times equal to the logged ones). Wall-clock times are never asserted. The tunix
+comparison runs only where `.venv-tunix` exists (vs_tunix.py creates it).
 """
 from __future__ import annotations
 
+import ast
 import json
 import math
 
@@ -267,9 +269,6 @@ def e2e_run(tmp_path_factory):
   argv = ["--prompts", str(E2E_PROMPTS), "--group-size", str(E2E_G), "--prompt-len", "8",
           "--completion-len", str(E2E_C), "--warmup", "0", "--iters", "1",
           "--envs", "frozenlake", "--pool-groups", "2", "--batch-groups", "1",
-          "--driver", str(vs_tunix.DEFAULT_DRIVER if vs_tunix.DEFAULT_DRIVER.exists()
-                          else common.REPO_ROOT.parents[1] / "shared" / "peers" /
-                          "tunix_grpo_bench.py"),
           "--out", str(out)]
   if not vs_tunix.venv_python(vs_tunix.DEFAULT_VENV).exists():
     argv.append("--skip-tunix")
@@ -304,3 +303,101 @@ def test_e2e_ratio_follows_from_reported_rates(e2e_run):
   assert _close(written["ratio_ours_common_over_tunix"],
                 written["ours_common"]["trained_tokens_per_s"] /
                 written["tunix"]["trained_tokens_per_s"])
+
+
+# ----------------------------------------------------------------------------- main_job_changes.py
+
+MJC_TASKS, MJC_G = 2, 2   # one step of K = 2 groups of G = 2 rollouts
+MJC_ENVS = ["frozenlake", "maze"]   # tiny_cpu.py's, one eval episode each
+
+
+@pytest.fixture(scope="module")
+def main_job_changes_run(tmp_path_factory):
+  """(a) every change off and (e) every change on, on the tiny config (no time is asserted)."""
+  from benchmarks import main_job_changes  # noqa: PLC0415
+  from rised_jax.model import tiny  # noqa: PLC0415
+  root = tmp_path_factory.mktemp("main_job_changes")
+  model = tiny.write(root / "model", MJC_ENVS)
+  out = root / "main_job_changes.json"
+  returned = main_job_changes.main([
+      "--config", f"{common.REPO_ROOT / 'experiments' / 'configs' / 'tiny_cpu.py'}:rised",
+      "--steps", "1", "--eval-episodes", "1", "--only", "a,e", "--keep", str(root / "runs"),
+      "--set", f"model.source={model}",
+      # Two-turn episodes: a second turn for prefix reuse, fewer prompt shapes to compile.
+      "--set", "envs.difficulty.frozenlake={'size': 3, 'holes': 0, 'min_distance': 2, "
+      "'max_turns': 2}",
+      "--set", "envs.difficulty.maze={'width': 2, 'height': 2, 'min_distance': 1, 'max_turns': 2}",
+      "--set", f"rollout.group_size={MJC_G}", "--set", f"select.pool_groups={MJC_TASKS}",
+      "--set", "select.batch_groups=1", "--out", str(out)])
+  return returned, json.loads(out.read_text()), root / "runs"
+
+
+def test_main_job_changes_stage_times_are_the_logged_ones(main_job_changes_run):
+  returned, written, runs = main_job_changes_run
+  assert written == json.loads(json.dumps(returned))
+  for row in written["configurations"]:
+    logged: dict[str, float] = {}
+    for line in (runs / row["name"] / "metrics.jsonl").read_text().splitlines():
+      for key, value in json.loads(line).items():
+        if key.startswith("time/"):
+          logged[key[5:]] = logged.get(key[5:], 0.0) + value
+    stages = dict(row["stage_s"])
+    other = stages.pop("other")
+    assert stages.keys() == logged.keys() and all(_close(stages[k], logged[k]) for k in logged)
+    assert {"rollout", "step", "sync", "eval"} <= set(stages)
+    assert _close(other, row["train_s"] - sum(logged.values()))
+    assert _close(sum(row["stage_share"].values()), 1.0)
+    assert _close(row["ratio_to_first"]["train_s"],
+                  row["train_s"] / written["configurations"][0]["train_s"])
+    saved = json.loads((runs / row["name"] / "config.json").read_text())   # what the run used
+    assert saved["train"]["steps"] == 1 and saved["envs"]["names"] == MJC_ENVS
+    for key in ("rollout.reuse_prefix", "model.scan_layers", "rollout.decode_chunk"):
+      section, name = key.split(".")
+      assert saved[section][name] == row["settings"][key]
+
+
+def test_main_job_changes_switches_take_effect_and_change_no_rollout(main_job_changes_run):
+  _, written, _ = main_job_changes_run
+  off, on = written["configurations"]
+  assert [off["name"], on["name"]] == ["a", "e"]
+  assert off["settings"] == {"rollout.reuse_prefix": False, "model.scan_layers": False,
+                             "shared_prefill": False, "rollout.decode_chunk": 0}
+  assert on["settings"] == {"rollout.reuse_prefix": True, "model.scan_layers": True,
+                            "shared_prefill": True, "rollout.decode_chunk": 4}
+  # Off: no prompt token is shared or reused; on: both happen (G = 2 rows share a first prompt).
+  assert off["engine_work"]["shared_tokens"] == off["engine_work"]["reused_tokens"] == 0
+  assert on["engine_work"]["shared_tokens"] > 0 and on["engine_work"]["reused_tokens"] > 0
+  # The changes compute the same tokens: every rollout and evaluation episode is the same.
+  same = on["vs_previous"]
+  assert same["rollouts"] == {"same": True, "records": [MJC_TASKS * MJC_G] * 2, "differing": 0,
+                              "first_differing_step": None}
+  assert same["eval_episodes"]["same"] and same["eval_episodes"]["records"] == [2 * len(MJC_ENVS)] * 2
+  assert not off["shipped"] and not on["shipped"]   # tiny_cpu.py ships neither
+
+
+def test_main_job_changes_marks_the_smollm2_config_and_reports_differences():
+  from benchmarks import main_job_changes as mjc  # noqa: PLC0415
+  shipped = mjc.shipped_settings(mjc.load_config(str(mjc.DEFAULT_CONFIG)))
+  rows = mjc.configurations(4)
+  assert [r["name"] for r in rows if r["settings"] == shipped] == ["d"]
+  before = {"rollouts": [[1, "maze", 7, 0, 0, 2, 5, ["a", "b"], 0.0],
+                         [2, "maze", 8, 0, 0, 1, 3, ["c"], 1.0]], "eval_episodes": []}
+  now = {"rollouts": [before["rollouts"][0], [2, "maze", 8, 0, 0, 1, 3, ["d"], 1.0]],
+         "eval_episodes": []}
+  compared = mjc.compare_runs(now, before)
+  assert not compared["same"]
+  assert compared["rollouts"] == {"same": False, "records": [2, 2], "differing": 1,
+                                  "first_differing_step": 2}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--only", "a,z"], "--only: unknown configurations ['z']"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--set", "train.steps"], "expected KEY=VALUE"),
+    (["--config", "/nonexistent.py"], "--config /nonexistent.py: no such file"),
+])
+def test_main_job_changes_bad_arguments_are_named(argv, message, capsys):
+  from benchmarks import main_job_changes  # noqa: PLC0415
+  with pytest.raises(SystemExit):
+    main_job_changes.main(argv)
+  assert message in capsys.readouterr().err
