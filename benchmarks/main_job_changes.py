@@ -35,7 +35,7 @@ episodes (eval_episodes.jsonl) are compared with the previous configuration's; a
 reported in the table and the JSON, never dropped. reuse_prefix, scan_layers and compaction
 compute the same values in other shapes or programs (float reassociation), so a token can in
 principle flip at a near tie; shared_prefill and decode_chunk are tested token-exact on the
-tiny model (tests/test_shared_prefill.py).
+tiny model (tests/rollout/test_shared_prefill.py).
 """
 from __future__ import annotations
 
