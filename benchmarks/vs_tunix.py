@@ -4,10 +4,10 @@
 
 tunix is not a dependency: it lives in `.venv-tunix` at the repository root, which this script
 creates when missing (`python3 -m venv` + pip install google-tunix==0.1.7 with jax/jaxlib pinned
-to the version running here) and checks (its jax must equal ours). The tunix side is the shared
-driver `benchmarks/peers/tunix_grpo_bench.py loss` (or --driver), run in that environment
-(the driver imports only tunix and its dependencies, never rised_jax); the driver's `train_step` is jit(value_and_grad(tunix grpo loss)) +
-AdamW update on a random tiny Qwen3.
+to the version running here) and checks (its jax must equal ours). The tunix side is the
+driver `benchmarks/peers/tunix_grpo_bench.py loss` (or --driver), run in that environment (it
+imports only tunix and its dependencies, never rised_jax); the driver's `train_step` is
+jit(value_and_grad(tunix grpo loss)) + AdamW update on a random tiny Qwen3.
 
 Same work on both sides: the tiny Qwen3 (2 layers d 128 MLP 512, 4 heads, 2 KV heads, vocab
 512, tied, float32; then 4 layers d 256 MLP 1024), B = 8 rows of P = 64 prompt + C = 192
