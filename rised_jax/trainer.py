@@ -231,7 +231,10 @@ def _build(config: ml_collections.ConfigDict, workdir: epath.Path) -> Run:
   optimizer = train_step.make_optimizer(config_lib.optimizer_config(config))
   trainable, state = train_step.create(model, optimizer, config_lib.step_config(config), mesh,
                                        seed=config.seed)
-  engine = _engine(config, trainable.compute_model(state), tokenizer)
+  # With async roll-outs the sampler's weights must be its own from the start: step 0 donates
+  # the state's while step 1 rolls out.
+  engine = _engine(config, trainable.compute_model(state, copy=config.rollout.async_rollouts),
+                   tokenizer)
   run = Run(config=config, tokenizer=tokenizer, trainable=trainable, state=state,
             engine=engine, pipeline=pipelines.make_pipeline(config, engine, tokenizer),
             checkpointer=_checkpointer(config, workdir),

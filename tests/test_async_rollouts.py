@@ -3,6 +3,8 @@ that a background roll-out samples with the weights from before the update it ov
 that a run that crashes with a roll-out in flight resumes exactly like an uninterrupted one."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from rised_jax import pipelines, runlog, trainer
@@ -119,6 +121,30 @@ def test_a_crash_with_a_roll_out_in_flight_resumes_exactly(runs, tiny_model, tmp
     assert _metric(workdir, name) == _metric(straight, name), name
   assert runlog.read_jsonl(workdir / runlog.EVAL_FILE)[-1]["pass_rate"] == \
       runlog.read_jsonl(straight / runlog.EVAL_FILE)[-1]["pass_rate"]
+
+
+def test_a_background_roll_out_outlives_the_update_that_donates_the_state(tiny_model, tmp_path,
+                                                                          monkeypatch):
+  # The background roll-out starts only once the overlapping update has run (and donated the
+  # train state's buffers): the sampler must hold weights of its own, from the first step on.
+  updated, update, roll_out = threading.Event(), trainer.update, trainer._timed_roll_out
+
+  def update_then_signal(*args, **kwargs):
+    metrics = update(*args, **kwargs)
+    updated.set()
+    return metrics
+
+  def roll_out_after_the_update(pipeline, step):
+    assert updated.wait(timeout=600)
+    updated.clear()
+    return roll_out(pipeline, step)
+
+  monkeypatch.setattr(trainer, "update", update_then_signal)
+  monkeypatch.setattr(trainer, "_timed_roll_out", roll_out_after_the_update)
+  config = _config(tiny_model, async_rollouts=True, learning_rate=LEARNING, checkpoint_every=3)
+  config.train.steps = 3
+  trainer.train(config, tmp_path / "run")
+  assert _metric(tmp_path / "run", "rollout/policy_lag") == [0.0, 1.0, 1.0]
 
 
 def test_async_needs_the_behaviour_importance_weight(tiny_model):
