@@ -21,7 +21,6 @@ t-interval (steps within a run are not independent, so the interval is over per-
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -32,7 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # `tests.helpers` for Signpost
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # `tests.learning_envs` (Signpost)
 
 from benchmarks import common  # noqa: E402
 from rised_jax import runlog, stats, trainer  # noqa: E402
@@ -40,11 +39,7 @@ from rised_jax.model import tiny  # noqa: E402
 
 
 def load(spec: str, seed: int, async_rollouts: bool, args: argparse.Namespace, workdir: Path):
-  path, _, arg = spec.partition(":")
-  module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  config = module.get_config(arg or None)
+  config = common.load_config(spec)
   config.seed = seed
   config.rollout.async_rollouts = async_rollouts
   if args.checkpoint_every:

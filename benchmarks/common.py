@@ -12,6 +12,7 @@ Conventions (see benchmarks/README.md):
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import platform
@@ -26,6 +27,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from rised_jax.model import ModelConfig
+
+
+def load_config(spec: str):
+  """`path[:arg]` as rised-train's --config reads it: the file's get_config(arg)."""
+  path, _, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+  if module_spec is None:
+    raise ValueError(f"--config {spec}: {path} is not a Python file")
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg or None)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"

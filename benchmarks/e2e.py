@@ -31,7 +31,6 @@ machine's load average is recorded: on a shared 2-core machine read the ratios w
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -158,10 +157,7 @@ def common_batch(prompts: np.ndarray, results, adv: np.ndarray, group_size: int
 
 def agentic_config(args: argparse.Namespace):
   """The main job's config with the tiny model's sizes: its envs, rollout and step settings."""
-  spec = importlib.util.spec_from_file_location("smollm2_cpu", MAIN_JOB_CONFIG)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = common.load_config(str(MAIN_JOB_CONFIG))
   with config.unlocked():
     config.envs.names = list(args.envs)
     config.envs.difficulty = ml_collections.ConfigDict(

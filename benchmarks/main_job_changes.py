@@ -40,7 +40,6 @@ tiny model (tests/rollout/test_shared_prefill.py).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import resource
@@ -55,6 +54,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import common  # noqa: E402
+from benchmarks.common import load_config  # noqa: E402
 
 DEFAULT_CONFIG = common.REPO_ROOT / "experiments" / "configs" / "smollm2_cpu.py"
 SHARED_PREFILL = "shared_prefill"   # not a config key: the engine accepts or declines it
@@ -72,17 +72,6 @@ EVAL_KEYS = ("step", "env", "instance", "seed", "sample", "turns", "actions", "s
 
 
 # ----------------------------------------------------------------------------- configurations
-
-
-def load_config(spec: str):
-  """`path[:arg]` as rised-train's --config reads it: the file's get_config(arg)."""
-  path, _, arg = spec.partition(":")
-  module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-  if module_spec is None:
-    raise ValueError(f"--config {spec}: {path} is not a Python file")
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg or None)
 
 
 def set_dotted(config, dotted: str, value: Any) -> None:

@@ -382,8 +382,7 @@ class RubricPipeline:
     for group in record.pool:
       size, weights = len(group.trajectories), group.task.weights
       failed = np.asarray(result.unjudged[start:start + size], bool)
-      mine = np.stack(result.verdicts[start:start + size]).astype(np.float32)
-      mine[failed] = 0.0
+      mine = np.stack(result.verdicts[start:start + size]).astype(np.float32)   # 0 if unjudged
       start += size
       rewards = cripo.weighted_rewards(mine[None], weights[None], None, normalizer)[0]
       pool.append(dataclasses.replace(group, trajectories=[

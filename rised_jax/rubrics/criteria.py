@@ -158,6 +158,10 @@ class CriteriaJudge(abc.ABC):
         raise ValueError(f"{self.backend} criteria judge: answers[{i}] is "
                          f"{type(answer).__name__}; expected str")
     result = self._judge(list(tasks), list(answers))
+    # An unjudged answer's row is zeros whatever the backend left in it (module docstring).
+    result = dataclasses.replace(result, verdicts=[
+        np.zeros_like(row) if unjudged else row
+        for row, unjudged in zip(result.verdicts, result.unjudged, strict=True)])
     if result.stats.unjudged_answers:
       log.warning("%s criteria judge: %d of %d answers unjudged (%d of %d questions; %d failed "
                   "requests)", self.backend, result.stats.unjudged_answers, result.stats.answers,
@@ -217,8 +221,7 @@ class LLMCriteriaJudge(CriteriaJudge):
       mine = values[start:start + len(task.criteria)]
       start += len(task.criteria)
       unjudged[i] = any(v is None for v in mine)
-      verdicts.append(np.zeros(len(mine), np.float32) if unjudged[i] else
-                      np.asarray(mine, np.float32))
+      verdicts.append(np.asarray([0.0 if v is None else v for v in mine], np.float32))
     stats.unjudged_answers = int(unjudged.sum())
     return CriteriaVerdicts(verdicts, unjudged, stats)
 
