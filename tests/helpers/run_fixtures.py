@@ -68,8 +68,9 @@ def frozenlake_pipeline(reply: str):
 
 def write_run(root: Path, preset: str, seed: int, values: dict[str, float], *,
               pipeline: str = "agentic", steps: int = 2, rollouts: int = 8, tokens: int = 5,
-              finished: bool = True) -> Path:
-  """A run directory as the trainer leaves it, with the given final evaluation."""
+              seconds: float = 1.0, finished: bool = True) -> Path:
+  """A run directory as the trainer leaves it, with the given final evaluation; each step's
+  metrics.jsonl record times its roll-out and its update at `seconds` each."""
   workdir = compare.run_dir(root, preset, seed)
   workdir.mkdir(parents=True)
   (workdir / "config.json").write_text(json.dumps(
@@ -82,6 +83,9 @@ def write_run(root: Path, preset: str, seed: int, values: dict[str, float], *,
   with open(workdir / "rollouts.jsonl", "w") as f:
     for i in range(rollouts):
       f.write(json.dumps({"step": 1 + i % steps, "env": "maze", "agent_tokens": tokens}) + "\n")
+  with open(workdir / "metrics.jsonl", "w") as f:
+    for step in range(1, steps + 1):
+      f.write(json.dumps({"step": step, "time/rollout": seconds, "time/step": seconds}) + "\n")
   if finished:
     (workdir / "summary.json").write_text("{}")
   return workdir
