@@ -365,7 +365,7 @@ def validate(config: ml_collections.ConfigDict, stage_checks: Sequence[StageChec
   _check_known_keys(config, default_config())
   _check_values(config)
   _check_mesh(config, num_devices)
-  step_config(config)
+  _check_behaviour_sampling(config, step_config(config))
   optimizer_config(config)
   if config.rollout.group_size < 2:
     raise ValueError(f"config.rollout.group_size={config.rollout.group_size}: group advantages "
@@ -482,6 +482,24 @@ def _check_values(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config.{key}={value!r}: expected {expected}")
   if config.algorithm not in PRESETS:
     raise ValueError(f"config.algorithm={config.algorithm!r}: expected one of {sorted(PRESETS)}")
+
+
+def _check_behaviour_sampling(config: ml_collections.ConfigDict, step) -> None:
+  """The behaviour importance weight needs log-probs of the distribution that sampled. With a
+  temperature other than 1 or top-p/top-k truncation the in-process engine reports the
+  untempered, untruncated log-probs and SGLang the tempered ones, so the weight's behaviour
+  policy would depend on the engine: refused (before the model loads)."""
+  if not step.behaviour_weight:
+    return
+  changed = [f"config.rollout.{key}={config.rollout[key]!r}"
+             for key, plain in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0))
+             if config.rollout[key] != plain]
+  if changed:
+    raise ValueError(
+        f"{', '.join(changed)} with config.step.behaviour_weight=True: the importance weight "
+        "would use the engine's log-probs, untempered in-process and tempered in SGLang; "
+        "expected rollout.temperature=1.0, rollout.top_p=1.0 and rollout.top_k=0, or "
+        "step.behaviour_weight=False (no behaviour correction)")
 
 
 def _check_mesh(config: ml_collections.ConfigDict, num_devices: int | None) -> None:
