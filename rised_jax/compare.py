@@ -110,13 +110,13 @@ def _load_config_module(path: str):
   return module
 
 
-def declared_keys(path: str) -> dict[str, Any]:
+def declared_keys(path: str, module=None) -> dict[str, Any]:
   """The keys (name -> default) the file's get_config declares with config_args.parse_arg.
 
   get_config is called with parse_arg replaced by a recorder that stops it at that call: the
-  file's own declaration is read, nothing of the config is built.
+  file's own declaration is read, nothing of the config is built. `module`: the file, loaded.
   """
-  module = _load_config_module(path)
+  module = module or _load_config_module(path)
 
   def record(arg, /, **spec):
     raise _Declared(spec)
@@ -185,14 +185,15 @@ def check_config_argument(config: str, presets: Sequence[str]) -> dict[str, str]
   """{preset: the file argument of its runs}, each checked by building the config with it:
   every preset must come out as the config's algorithm. Refuses (ValueError saying how to
   write the argument) before any run starts."""
-  path, _, args = config.partition(":")
-  how = (f"write the file argument without the algorithm (e.g. --config {path}:SETTING) or with "
-         "it first; rised-compare puts each preset there")
-  keys = declared_keys(path)
+  path = config.partition(":")[0]
+  how = (f"write the file argument without the algorithm (--config {path}:SETTING) or with it "
+         f"in the file's algorithm place (--config {path}:rised,SETTING): rised-compare puts "
+         "each preset there")
+  module = _load_config_module(path)
+  keys = declared_keys(path, module)
   if "algorithm" not in keys:
     raise ValueError(f"--config {config}: get_config declares no 'algorithm' key (it declares "
                      f"{sorted(keys)}); rised-compare passes each preset as that key")
-  module = _load_config_module(path)
   arguments = {}
   for preset in presets:
     argument = config_argument(config, preset, keys)
