@@ -185,6 +185,15 @@ def parse_task(obj: Any, where: str) -> RubricTask:
       domain=_string(obj, "domain", where) if "domain" in obj else None)
 
 
+def parse_task_json(line: str, where: str) -> RubricTask:
+  """One task from its JSON text, each weight read from the number's own text."""
+  try:
+    obj = json.loads(line, parse_float=_FileNumber)
+  except json.JSONDecodeError as e:
+    raise RubricFormatError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+  return parse_task(obj, where)
+
+
 def load_jsonl(path: str | os.PathLike[str], name: str | None = None) -> RubricTaskSet:
   """Loads and validates a task file; blank lines are skipped. Errors say file:line: key."""
   path = os.fspath(path)
@@ -198,11 +207,7 @@ def load_jsonl(path: str | os.PathLike[str], name: str | None = None) -> RubricT
       continue
     where = f"{path}:{line_number}"
     json_data.check_shape(line, where, RubricFormatError, line=line_number)
-    try:
-      obj = json.loads(line, parse_float=_FileNumber)
-    except json.JSONDecodeError as e:
-      raise RubricFormatError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-    task = parse_task(obj, where)
+    task = parse_task_json(line, where)
     if task.id in first_line:
       raise RubricFormatError(
           f"{where}.id: duplicate task id {task.id!r} (first defined on line {first_line[task.id]})")
