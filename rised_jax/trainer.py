@@ -37,6 +37,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import time
@@ -101,8 +102,20 @@ def _say(message: str) -> None:
     tqdm.tqdm.write(message)
 
 
-# URL schemes etils.epath reads and writes (gpath's backends).
+# URL schemes etils.epath reads and writes (through fsspec), each with the package that fsspec
+# needs for it and the extra of this project that installs it (None: not packaged by us).
 BUCKET_SCHEMES = ("gs", "s3", "az")
+_BUCKET_BACKENDS = {"gs": ("gcsfs", "gcs"), "s3": ("s3fs", None), "az": ("adlfs", None)}
+
+
+def _check_bucket_backend(scheme: str, workdir: str) -> None:
+  """A bucket workdir fails at its first write when fsspec's backend for it is missing: say so
+  before anything loads (`--dry_run` included)."""
+  module, extra = _BUCKET_BACKENDS[scheme]
+  if importlib.util.find_spec(module) is None:
+    how = f"pip install 'rised_jax[{extra}]'" if extra else f"pip install {module}"
+    raise ValueError(f"workdir {workdir!r}: {scheme}:// paths are written through the "
+                     f"{module} package, which is not installed ({how})")
 
 
 def resolve_workdir(workdir: str | os.PathLike) -> epath.Path:
@@ -122,6 +135,7 @@ def resolve_workdir(workdir: str | os.PathLike) -> epath.Path:
   if scheme not in BUCKET_SCHEMES or not rest:
     raise ValueError(f"workdir {text!r}: expected a local path, a file:// URL or a bucket URL "
                      f"({', '.join(s + '://bucket/path' for s in BUCKET_SCHEMES)})")
+  _check_bucket_backend(scheme, text)
   return epath.Path(text)
 
 
