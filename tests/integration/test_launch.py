@@ -237,7 +237,25 @@ sys.exit(3)
 """
 
 
-def test_gpu_node_script_stops_the_server_when_training_fails(tmp_path):
+def test_gpu_node_setup_and_detach_dry_runs():
+  done = _run(GPU, "--dry-run", "--model", "/m", "--config", "c.py", "--workdir", "/w",
+              "--setup", "--detach", "--", "--config.train.steps=1")
+  assert done.returncode == 0, done.stderr
+  (line,) = done.stdout.splitlines()
+  assert line.endswith("> /w/launch.log 2>&1 < /dev/null &")
+  assert shlex.split(line[2:].split(" > ")[0]) == [
+      "setsid", "nohup", "bash", str(GPU), "--model", "/m", "--config", "c.py", "--workdir", "/w", "--setup",
+      "--", "--config.train.steps=1"]
+  done = _run(GPU, "--dry-run", "--model", "/m", "--config", "c.py", "--workdir", "/w",
+              "--setup")
+  install = _commands(done.stdout)[0]
+  assert install == ["python3", "-m", "pip", "install", "-q", "-c",
+                     str(REPO / "requirements" / "lock.txt"), "-e", f"{REPO}[cuda]"]
+
+
+def _fake_node(tmp_path):
+  """A stand-in GPU node: fake SGLang server and rised-train on PATH, an HF-layout model dir
+  and a free port; the script's arguments for it."""
   bin_dir = tmp_path / "bin"
   bin_dir.mkdir()
   for name, text in (("fake_python", FAKE_SERVER), ("rised-train", FAKE_TRAIN)):
@@ -252,24 +270,45 @@ def test_gpu_node_script_stops_the_server_when_training_fails(tmp_path):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
   env = dict(os.environ, FAKE_DIR=str(tmp_path), PATH=f"{bin_dir}:{os.environ['PATH']}")
-  done = _run(GPU, "--model", str(model), "--config", "c.py", "--workdir",
-              str(tmp_path / "run"), "--port", str(port), "--health-timeout", "30",
-              "--sglang-python", str(bin_dir / "fake_python"), "--", "--config.train.steps=1",
-              env=env)
-  assert done.returncode == 3, done.stdout + done.stderr   # training's failure is the result
-  assert "healthy at" in done.stdout
-  assert (tmp_path / "train.args").read_text().splitlines()[-1] == "--config.train.steps=1"
-  pid = int((tmp_path / "server.pid").read_text())
-  deadline = time.monotonic() + 10
+  args = ["--model", str(model), "--config", "c.py", "--workdir", str(tmp_path / "run"),
+          "--port", str(port), "--health-timeout", "30",
+          "--sglang-python", str(bin_dir / "fake_python")]
+  return env, args
+
+
+def _wait_gone(pid: int, seconds: float, what: str) -> None:
+  deadline = time.monotonic() + seconds
   while time.monotonic() < deadline:
     try:
       os.kill(pid, 0)
     except ProcessLookupError:
-      break
+      return
     time.sleep(0.1)
-  else:
-    os.kill(pid, 9)
-    pytest.fail("the SGLang server outlived the launch script")
+  os.kill(pid, 9)
+  pytest.fail(what)
+
+
+def test_gpu_node_script_stops_the_server_when_training_fails(tmp_path):
+  env, args = _fake_node(tmp_path)
+  done = _run(GPU, *args, "--", "--config.train.steps=1", env=env)
+  assert done.returncode == 3, done.stdout + done.stderr   # training's failure is the result
+  assert "healthy at" in done.stdout
+  assert (tmp_path / "train.args").read_text().splitlines()[-1] == "--config.train.steps=1"
+  _wait_gone(int((tmp_path / "server.pid").read_text()), 10,
+             "the SGLang server outlived the launch script")
+
+
+def test_gpu_node_detached_job_runs_on_after_the_script_returns(tmp_path):
+  env, args = _fake_node(tmp_path)
+  done = _run(GPU, *args, "--detach", "--", "--config.train.steps=1", env=env)
+  assert done.returncode == 0 and "started in the background" in done.stdout, done.stderr
+  job = int((tmp_path / "run" / "launch.pid").read_text())
+  _wait_gone(job, 30, "the detached job did not finish")
+  log = (tmp_path / "run" / "launch.log").read_text()
+  assert "healthy at" in log   # the job's own output went to the workdir's log
+  assert (tmp_path / "train.args").read_text().splitlines()[-1] == "--config.train.steps=1"
+  _wait_gone(int((tmp_path / "server.pid").read_text()), 10,
+             "the SGLang server outlived the detached job")
 
 
 # ----------------------------------------------------------------------------- device check
