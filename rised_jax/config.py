@@ -151,6 +151,14 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.log_every = 1
   c.train.max_nonfinite_steps = 3          # consecutive skipped (non-finite) steps end the run
   c.train.wandb = False                    # also log the scalars to W&B (offline; wandb_log.py)
+  # The MFU's denominator, FLOP/s of all devices; 0: the published peak of a listed device
+  # kind, else the measured matmul rate (learn/flops.py).
+  c.train.peak_flops_per_s = 0.0
+  # JAX's persistent compilation cache: "auto" ($JAX_COMPILATION_CACHE_DIR if set, else
+  # $RISED_JAX_CACHE/jax, default ~/.cache/rised_jax/jax), a directory, or "" for none.
+  c.train.compilation_cache = "auto"
+  # Steps [first, last) traced by jax.profiler into <workdir>/profile; [] for none.
+  c.train.profile_steps = []
 
   c.eval = ml_collections.ConfigDict()
   c.eval.episodes_per_env = 16
@@ -469,6 +477,13 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.max_nonfinite_steps": (_int_at_least(1)[0], "an integer >= 1 (consecutive non-finite "
                                                        "steps after which the run stops)"),
     "train.wandb": ((lambda v: isinstance(v, bool)), "True or False"),
+    "train.peak_flops_per_s": (_number_at_least(0)[0], "a finite number of FLOP/s >= 0 (0: the "
+                                                       "devices' published or measured peak)"),
+    "train.compilation_cache": ((lambda v: isinstance(v, str)),
+                                "a string: 'auto', a directory, or '' for no cache"),
+    "train.profile_steps": ((lambda v: isinstance(v, (list, tuple)) and (
+        len(v) == 0 or (len(v) == 2 and all(is_int(x) and x >= 0 for x in v) and v[0] < v[1]))),
+                            "[] or [first, last) with integers 0 <= first < last"),
     "eval.episodes_per_env": _int_at_least(1),
     "eval.seed_offset": _int_at_least(0),
     "eval.temperature": (_number_at_least(0)[0], "a finite number >= 0 (0: greedy)"),

@@ -37,6 +37,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import time
@@ -53,7 +54,7 @@ from flax import nnx
 
 from rised_jax import checkpoint, config as config_lib, parallel, pipelines, runlog, stats
 from rised_jax import model as model_lib
-from rised_jax.learn import batching, train_step
+from rised_jax.learn import batching, flops, train_step
 
 class NonFiniteTrainingError(RuntimeError):
   """Too many consecutive steps with a non-finite loss or gradient norm."""
@@ -90,6 +91,7 @@ class Run:
   checkpointer: checkpoint.Checkpointer
   log: runlog.RunLog
   history: RunHistory
+  throughput: flops.Throughput
 
   def host_state(self) -> dict[str, checkpoint.HostState]:
     return {"history": self.history, **self.pipeline.host_state()}
@@ -101,8 +103,20 @@ def _say(message: str) -> None:
     tqdm.tqdm.write(message)
 
 
-# URL schemes etils.epath reads and writes (gpath's backends).
+# URL schemes etils.epath reads and writes (through fsspec), each with the package that fsspec
+# needs for it and the extra of this project that installs it (None: not packaged by us).
 BUCKET_SCHEMES = ("gs", "s3", "az")
+_BUCKET_BACKENDS = {"gs": ("gcsfs", "gcs"), "s3": ("s3fs", None), "az": ("adlfs", None)}
+
+
+def _check_bucket_backend(scheme: str, workdir: str) -> None:
+  """A bucket workdir fails at its first write when fsspec's backend for it is missing: say so
+  before anything loads (`--dry_run` included)."""
+  module, extra = _BUCKET_BACKENDS[scheme]
+  if importlib.util.find_spec(module) is None:
+    how = f"pip install 'rised_jax[{extra}]'" if extra else f"pip install {module}"
+    raise ValueError(f"workdir {workdir!r}: {scheme}:// paths are written through the "
+                     f"{module} package, which is not installed ({how})")
 
 
 def resolve_workdir(workdir: str | os.PathLike) -> epath.Path:
@@ -122,6 +136,7 @@ def resolve_workdir(workdir: str | os.PathLike) -> epath.Path:
   if scheme not in BUCKET_SCHEMES or not rest:
     raise ValueError(f"workdir {text!r}: expected a local path, a file:// URL or a bucket URL "
                      f"({', '.join(s + '://bucket/path' for s in BUCKET_SCHEMES)})")
+  _check_bucket_backend(scheme, text)
   return epath.Path(text)
 
 
@@ -194,6 +209,7 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> e
   `config.workdir` and checks that the workdir's saved config (if any) is this one: everything
   that fails before any loading."""
   pipelines.validate(config, num_devices=jax.device_count())
+  use_compilation_cache(config)
   workdir = resolve_workdir(workdir)
   with config.unlocked():
     config.workdir = os.fspath(workdir)
@@ -201,6 +217,30 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> e
     _weight_dir(config)
   _check_saved_config(workdir, config)
   return workdir
+
+
+def compilation_cache_dir(config: ml_collections.ConfigDict) -> str | None:
+  """Where compiled steps and samplers persist between runs (a resumed or repeated run loads
+  them instead of compiling): `train.compilation_cache`, "auto" meaning JAX's own setting
+  (JAX_COMPILATION_CACHE_DIR) if any, else $RISED_JAX_CACHE/jax (default
+  ~/.cache/rised_jax/jax); None for no cache."""
+  setting = config.train.compilation_cache
+  if not setting:
+    return None
+  if setting == "auto":
+    setting = jax.config.jax_compilation_cache_dir or os.path.join(
+        os.environ.get("RISED_JAX_CACHE", "~/.cache/rised_jax"), "jax")
+  return os.path.abspath(os.path.expanduser(setting))
+
+
+def use_compilation_cache(config: ml_collections.ConfigDict) -> None:
+  """Points JAX's persistent compilation cache at `compilation_cache_dir` (re-initialising it
+  when an earlier compile in this process fixed another directory, or none)."""
+  from jax.experimental.compilation_cache import compilation_cache  # noqa: PLC0415
+  directory = compilation_cache_dir(config)
+  if (directory or None) != (jax.config.jax_compilation_cache_dir or None):
+    compilation_cache.set_cache_dir(directory)
+    compilation_cache.reset_cache()
 
 
 def _load_model(config: ml_collections.ConfigDict):
@@ -235,12 +275,15 @@ def _build(config: ml_collections.ConfigDict, workdir: epath.Path) -> Run:
   # the state's while step 1 rolls out.
   engine = _engine(config, trainable.compute_model(state, copy=config.rollout.async_rollouts),
                    tokenizer)
+  throughput = flops.Throughput.for_devices(
+      model.cfg, config.model.compute_dtype, ref_kl=trainable.config.ref_kl_coef > 0,
+      peak_flops_per_s=config.train.peak_flops_per_s)
   run = Run(config=config, tokenizer=tokenizer, trainable=trainable, state=state,
             engine=engine, pipeline=pipelines.make_pipeline(config, engine, tokenizer),
             checkpointer=_checkpointer(config, workdir),
             log=runlog.RunLog(workdir, enabled=jax.process_index() == 0,
                               wandb=_wandb_scalars(config, workdir)),
-            history=RunHistory())
+            history=RunHistory(), throughput=throughput)
   _write_config(workdir, config)
   return run
 
@@ -273,35 +316,48 @@ def assemble(run: Run, rows: list[batching.Row]):
 
 
 def update(run: Run, batch, compiled_shapes: set | None = None) -> dict[str, float]:
-  """One fused step. With `compiled_shapes`, a batch shape not in it (the step compiles for
-  it) is announced and the compile time JAX reports is printed."""
+  """One fused step, with its throughput (`flops.Throughput`, compile time excluded) and
+  `time/compile_cache_hits`. With `compiled_shapes`, a batch shape not in it (the step
+  compiles for it) is announced and the compile time JAX reports is printed."""
   shape = tuple(np.shape(batch["input_ids"]))
-  if compiled_shapes is None or shape in compiled_shapes:
+  announce = compiled_shapes is not None and shape not in compiled_shapes
+  if announce:
+    _say(f"compiling the train step for a batch of {shape[0]} × {shape[1]} tokens…")
+  with _compile_events() as compiles:
+    start = time.perf_counter()
     run.state, metrics = run.trainable.step(run.state, run.trainable.put_batch(batch))
-    return {k: float(v) for k, v in metrics.items()}
-  _say(f"compiling the train step for a batch of {shape[0]} × {shape[1]} tokens…")
-  with _compile_seconds() as seconds:
-    run.state, metrics = run.trainable.step(run.state, run.trainable.put_batch(batch))
-    metrics = {k: float(v) for k, v in metrics.items()}
-  compiled_shapes.add(shape)
-  _say(f"compiled the train step in {seconds[0]:.1f} s")
+    metrics = {k: float(v) for k, v in metrics.items()}   # waits for the step
+    seconds = time.perf_counter() - start
+  if announce:
+    compiled_shapes.add(shape)
+    hit = " (from the compilation cache)" if compiles["cache_hits"] else ""
+    _say(f"compiled the train step in {compiles['seconds']:.1f} s{hit}")
+  metrics.update(run.throughput.step_metrics(batch, seconds - compiles["seconds"]))
+  metrics["time/compile_cache_hits"] = float(compiles["cache_hits"])
   return metrics
 
 
 @contextlib.contextmanager
-def _compile_seconds():
-  """Seconds JAX spends tracing, lowering and compiling inside the block (its own events)."""
-  total = [0.0]
+def _compile_events():
+  """Seconds JAX spends tracing, lowering and compiling (or loading from the persistent
+  cache) inside the block, and its persistent-cache hits: {"seconds", "cache_hits"}."""
+  counts = {"seconds": 0.0, "cache_hits": 0}
 
-  def listener(event: str, duration: float, **_):
+  def on_duration(event: str, duration: float, **_):
     if event.startswith("/jax/core/compile/"):
-      total[0] += duration
+      counts["seconds"] += duration
 
-  jax.monitoring.register_event_duration_secs_listener(listener)
+  def on_event(event: str, **_):
+    if event == "/jax/compilation_cache/cache_hits":
+      counts["cache_hits"] += 1
+
+  jax.monitoring.register_event_duration_secs_listener(on_duration)
+  jax.monitoring.register_event_listener(on_event)
   try:
-    yield total
+    yield counts
   finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
+    jax.monitoring.unregister_event_duration_listener(on_duration)
+    jax.monitoring.unregister_event_listener(on_event)
 
 
 def sync_weights(run: Run, version: int) -> None:
@@ -376,7 +432,9 @@ def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) 
   bar = tqdm.trange(start, steps, initial=start, total=steps, desc="train",
                     disable=jax.process_index() != 0)
   prefetched = None   # (record, seconds) of this step, rolled out while the last step trained
+  profiler = _Profiler(config, start)
   for step in bar:
+    profiler.before(step)
     timer = _StageTimer()
     metrics: dict[str, float] = {"rollout/policy_lag": float(prefetched is not None)}
     if prefetched is None:
@@ -423,7 +481,9 @@ def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) 
     p.log_rollouts(run.log, done, record)
     bar.set_postfix(loss=f"{metrics['loss']:.4g}", reward=f"{metrics['rollout/reward']:.3f}",
                     pass_rate=f"{last_pass:.3f}", refresh=False)
+    profiler.after(done)
     if failed:
+      profiler.after(steps)
       _stop_nonfinite(run, done)
     if done % config.train.checkpoint_every == 0 or done == steps:
       run.checkpointer.save(done, run.state, run.host_state())
@@ -496,6 +556,28 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | os.Pat
   results = run.pipeline.evaluate()
   run.checkpointer.close()
   return results
+
+
+class _Profiler:
+  """`train.profile_steps = [first, last)`: a jax.profiler trace of those steps (TensorBoard's
+  profile plugin or Perfetto read it) in <workdir>/profile. A run resumed inside the window
+  traces from its first step."""
+
+  def __init__(self, config: ml_collections.ConfigDict, start: int):
+    window = tuple(config.train.profile_steps)
+    self.window = window if window and window[1] > start else ()
+    self.directory = os.fspath(epath.Path(config.workdir) / "profile")
+    self.active = False
+
+  def before(self, step: int) -> None:
+    if self.window and not self.active and self.window[0] <= step < self.window[1]:
+      jax.profiler.start_trace(self.directory)
+      self.active = True
+
+  def after(self, done: int) -> None:
+    if self.active and done >= self.window[1]:
+      jax.profiler.stop_trace()
+      self.active = False
 
 
 class _StageTimer:
