@@ -65,18 +65,40 @@ def instance_of(task: Task) -> str:
   return task.key
 
 
+def unit_rows(x: np.ndarray) -> np.ndarray:
+  """Each row of x [N, D] divided by its norm; zero rows stay zero."""
+  x = np.asarray(x, np.float64)
+  norms = np.linalg.norm(x, axis=-1, keepdims=True)
+  return np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
+
+
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
   """Pairwise cosine similarity of the rows of a [N, D] and b [M, D]; 0 for zero rows."""
-  def unit(x):
-    norms = np.linalg.norm(x, axis=-1, keepdims=True)
-    return np.divide(x, norms, out=np.zeros_like(x, dtype=np.float64), where=norms > 0)
-  return unit(np.asarray(a, np.float64)) @ unit(np.asarray(b, np.float64)).T
+  return unit_rows(a) @ unit_rows(b).T
 
 
 def pairwise_similarity(kind: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
   if kind == "cosine":
     return cosine_similarity(a, b)
   return np.asarray(a, np.float64) @ np.asarray(b, np.float64).T
+
+
+def untagged_fraction(tags: GroupTags) -> float:
+  """The fraction of a group's judged rollouts whose tag row is empty (the judge answered `[]`:
+  no behaviour of the vocabulary observed); 0 when none is judged."""
+  judged = np.asarray(tags.tags, np.float64)[tags.judged]
+  return float(np.mean(judged.sum(axis=1) == 0)) if len(judged) else 0.0
+
+
+def matching_features(profiles: np.ndarray, direction_weight: float,
+                      direction_target: float) -> tuple[np.ndarray, np.ndarray]:
+  """The features composition matching compares and their target: ψ_g = [φ_g, α·φ_g/‖φ_g‖]
+  [K, 2D] toward [φ̄, α·c·mean_g φ_g/‖φ_g‖] (α = direction_weight, c = direction_target)."""
+  directions = unit_rows(profiles)
+  features = np.concatenate([profiles, direction_weight * directions], axis=1)
+  target = np.concatenate([profiles.mean(0), direction_weight * direction_target
+                           * directions.mean(0)])
+  return features, target
 
 
 def greedy_select(profiles: np.ndarray, target: np.ndarray, batch_size: int, objective: str,
@@ -109,26 +131,41 @@ def greedy_select(profiles: np.ndarray, target: np.ndarray, batch_size: int, obj
   return chosen
 
 
+def behaviour_profiles(pool: Sequence[Group], tags: Sequence[GroupTags],
+                       with_success: bool) -> np.ndarray:
+  """φ_g for every group [K, V + 1 (+ 1)]: its mean tag vector over judged rollouts, the
+  fraction of those with no tag ("no behaviour observed"), then its success rate if asked."""
+  untagged = np.asarray([[untagged_fraction(t)] for t in tags], np.float64).reshape(-1, 1)
+  columns = [pool_profiles(pool, tags), untagged]
+  if with_success:
+    columns.append(np.asarray([[g.successes.mean()] for g in pool], np.float64).reshape(-1, 1))
+  return np.concatenate(columns, axis=1)
+
+
 class RisedSelector(Selector):
   """Profile-guided selection; see the module docstring for the options."""
 
   name = "rised"
-  OBJECTIVES = ("mmr", "composition")
+  OBJECTIVES = ("composition", "mmr")
   SIMILARITIES = ("cosine", "dot")
   HISTORIES = ("none", "task", "profile")
-  DEFAULT_LAM = {"mmr": 2.0, "composition": 0.01}
+  DEFAULT_LAM = {"mmr": 2.0, "composition": 0.0}
 
-  def __init__(self, objective: str = "mmr", lam: float | None = None, similarity: str = "cosine",
-               with_success: bool = False, history: str = "none", history_weight: float = 0.5,
-               history_decay: float = 0.5, history_window: int = 8, seed: int = 0):
+  def __init__(self, objective: str = "composition", lam: float | None = None,
+               similarity: str = "cosine", with_success: bool = False,
+               direction_weight: float = 2.0, direction_target: float = 0.9,
+               history: str = "none", history_weight: float = 0.5, history_decay: float = 0.5,
+               history_window: int = 8, seed: int = 0):
     super().__init__(seed)
     check_choice(self.name, "objective", objective, self.OBJECTIVES)
     check_choice(self.name, "similarity", similarity, self.SIMILARITIES)
     check_choice(self.name, "history", history, self.HISTORIES)
     lam = self.DEFAULT_LAM[objective] if lam is None else lam
-    if lam < 0 or history_weight < 0:
-      raise ValueError(f"selector 'rised': lam={lam}, history_weight={history_weight}; "
-                       "expected values >= 0")
+    if lam < 0 or history_weight < 0 or direction_weight < 0:
+      raise ValueError(f"selector 'rised': lam={lam}, history_weight={history_weight}, "
+                       f"direction_weight={direction_weight}; expected values >= 0")
+    if not 0 <= direction_target <= 1:
+      raise ValueError(f"selector 'rised': direction_target={direction_target}; expected [0, 1]")
     if not 0 < history_decay <= 1:
       raise ValueError(f"selector 'rised': history_decay={history_decay}; expected (0, 1]")
     if history_window < 1:
@@ -137,6 +174,8 @@ class RisedSelector(Selector):
     self.lam = float(lam)
     self.similarity = similarity
     self.with_success = with_success
+    self.direction_weight = float(direction_weight)
+    self.direction_target = float(direction_target)
     self.history = history
     self.history_weight = float(history_weight)
     self.history_decay = float(history_decay)
@@ -151,24 +190,41 @@ class RisedSelector(Selector):
     if tags is None:   # nothing judged: no group has a profile
       tags = [GroupTags(np.zeros((len(g.trajectories), 0), np.float32),
                         np.ones(len(g.trajectories), bool)) for g in pool]
-    profiles = pool_profiles(pool, tags, self.with_success)
+    profiles = behaviour_profiles(pool, tags, self.with_success)
     order = rng.permutation(len(pool))
     has_profile = np.asarray([has_judged_rollout(t) for t in tags])
     profiled = [int(i) for i in order if has_profile[i]]     # in the step's random order
+    self._forget(step)
     chosen = []
     if profiled:
       sub = profiles[profiled]
       penalty = self._history_penalty([pool[i] for i in profiled], sub, step)
-      picks = greedy_select(sub, sub.mean(0), batch_size, self.objective, self.lam,
+      if self.objective == "composition":
+        features, target = matching_features(sub, self.direction_weight, self.direction_target)
+      else:
+        features, target = sub, sub.mean(0)
+      picks = greedy_select(features, target, batch_size, self.objective, self.lam,
                             self.similarity, penalty, np.arange(len(profiled)))
       chosen = [profiled[i] for i in picks]
     self._remember(pool, profiles, chosen, step)
     # Groups without a profile: only after every profiled group, in the same random order.
     return chosen + [int(i) for i in order if not has_profile[i]][:batch_size - len(chosen)]
 
+  def _remembered(self, step: int, then: int) -> bool:
+    """Whether a choice made at step `then` weighs on step `step`: at ages 1 … history_window.
+    (Age 0, this step's own choice, is seen only when a step is selected twice: it is no
+    earlier choice.)"""
+    return 1 <= step - then <= self.history_window
+
   def _age_weight(self, step: int, then: int) -> float:
-    age = step - then
-    return self.history_decay ** age if 0 <= age <= self.history_window else 0.0
+    return self.history_decay ** (step - then) if self._remembered(step, then) else 0.0
+
+  def _forget(self, step: int) -> None:
+    """Drops the choices older than the window at this step, by the bound `_remembered` uses:
+    memory and weight cannot disagree about a boundary age."""
+    self._task_steps = {k: t for k, t in self._task_steps.items()
+                        if step - t <= self.history_window}
+    self._profiles = [(t, phi) for t, phi in self._profiles if step - t <= self.history_window]
 
   def _history_penalty(self, pool: Sequence[Group], profiles: np.ndarray,
                        step: int) -> np.ndarray:
@@ -192,10 +248,7 @@ class RisedSelector(Selector):
     if self.history == "task":
       for i in chosen:
         self._task_steps[instance_of(pool[i].task)] = step
-      self._task_steps = {k: t for k, t in self._task_steps.items()
-                          if step - t < self.history_window}
     elif self.history == "profile":
-      self._profiles = [(t, phi) for t, phi in self._profiles if step - t < self.history_window]
       self._profiles += [(step, profiles[i]) for i in chosen]
 
   def state_dict(self) -> dict[str, Any]:
