@@ -277,6 +277,34 @@ def test_task_history_avoids_recently_chosen_tasks_and_forgets_them():
   assert set(third) == set(first)
 
 
+@pytest.mark.parametrize("history", ["task", "profile"])
+def test_history_window_boundary_age(history):
+  """A choice weighs on the steps 1 … window after it, and memory keeps it exactly as long:
+  at age == window it still penalises, also when that step is selected again or resumed from
+  the state saved before it (the old memory had already dropped it after the first call)."""
+  pool, tags = beta_pool(np.random.default_rng(10), 16)
+  options = dict(history=history, history_weight=100.0, history_decay=0.5, history_window=2)
+  selector = make_selector("rised", **options)
+  first = selector.select(pool, 8, step=0, tags=tags)
+  saved = json.loads(json.dumps(selector.state_dict()))
+  at_window = selector.select(pool, 8, step=2, tags=tags)
+  assert selector.select(pool, 8, step=2, tags=tags) == at_window
+  resumed = make_selector("rised", **options)
+  resumed.load_state_dict(saved)
+  assert resumed.select(pool, 8, step=2, tags=tags) == at_window
+  plain = make_selector("rised").select(pool, 8, step=2, tags=tags)
+  assert at_window != plain   # the age-2 memory changed the choice
+  if history == "task":
+    assert not set(first) & set(at_window)
+    # Step 3: the step-0 choices are 3 > 2 steps old, forgotten; the step-2 ones are not.
+    assert set(selector.select(pool, 8, step=3, tags=tags)) == set(first)
+    assert set(selector.state_dict()["task_steps"].values()) == {2, 3}
+  else:
+    assert {t for t, _ in selector.state_dict()["profiles"]} == {0, 2}
+    selector.select(pool, 8, step=3, tags=tags)
+    assert {t for t, _ in selector.state_dict()["profiles"]} == {2, 3}
+
+
 def test_profile_history_penalises_similar_profiles():
   a = make_group("x", 0, np.tile(np.eye(1, NUM_TAGS, 0), (2, 1)), [1, 0])
   a2 = make_group("x", 1, np.tile(np.eye(1, NUM_TAGS, 0), (2, 1)), [1, 0])
@@ -418,6 +446,42 @@ def test_an_unjudged_group_is_never_chosen_ahead_of_a_judged_one(options):
     assert [letters[i] for i in selector.select(pool, 16, 9, tags)][-1] == "U"
   default = [letters[i] for i in make_selector("rised", seed=0).select(pool, 4, 0, tags)]
   assert default[:2] == ["A", "B"]
+
+
+def with_tagless(pool, tags, letters, count):
+  """The archetype pool plus `count` judged groups whose judge answered `[]` for every rollout
+  (letter "T")."""
+  for k in range(count):
+    group, group_tags = make_group("x", 100 + k, np.zeros((4, NUM_TAGS)), [0, 1, 0, 0])
+    pool, tags, letters = pool + [group], tags + [group_tags], letters + ["T"]
+  return pool, tags, letters
+
+
+@pytest.mark.parametrize("options", [{}, {"with_success": True}, {"direction_weight": 0.0}])
+def test_a_tagless_judged_group_is_not_among_the_first_picks(options):
+  """Old behaviour: its zero profile scored 0 under MMR and it was the 3rd pick at B = 4, 8,
+  12. Now "no behaviour observed" is a behaviour (1/16 of the profiled pool), matched at its
+  share: never in the first quarter of the picks, after every archetype of larger share."""
+  pool, tags, letters = with_tagless(*archetype_pool(), count=1)
+  for seed in range(10):
+    selector = make_selector("rised", seed=seed, **options)
+    for step, batch_size in enumerate((4, 8, 12, 16)):
+      picked = [letters[i] for i in selector.select(pool, batch_size, step, tags)]
+      assert "T" not in picked[:4], (seed, batch_size, picked)
+      assert "U" not in picked   # 17 judged groups: the unjudged one is not needed
+      if "T" in picked:
+        assert picked.index("T") > max(picked.index(x) for x in "ABC"), picked
+
+
+def test_tagless_groups_are_redundant_with_each_other_under_mmr():
+  """Under MMR a tagless group is an outlier like any rare behaviour (MMR's λ = 2 seeks
+  those), but no longer one that is never penalised: a second tagless group has cosine 1 with
+  the first and waits until the other behaviours are taken."""
+  pool, tags, letters = with_tagless(*archetype_pool(), count=2)
+  for seed in range(10):
+    picked = [letters[i] for i in make_selector("rised", objective="mmr", seed=seed).select(
+        pool, 6, 0, tags)]
+    assert picked.count("T") == 1 and set(picked) == set("ABCDT"), picked
 
 
 def test_task_history_fires_on_a_repeated_instance_under_another_seed():
