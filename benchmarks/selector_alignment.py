@@ -12,7 +12,11 @@ chosen) and every (K, B), `--pools` seeded pools are drawn and each objective ch
               subset's exact expectation (the pool's mean pairwise cosine), with its standard
               error over the pools: ≤ 0 is no more redundant than random
 
-  python3 benchmarks/selector_alignment.py                      # ≈ 2 min on one core
+Then, at B = 8 and 32 and K = B … 16B, the squared distance of the chosen batch's mean from
+the population's (not the pool's) in units of σ²/B, what a batch of B drawn from the
+population has in expectation: what K = 4B buys over 2B or 8B (K = B is plain GRPO).
+
+  python3 benchmarks/selector_alignment.py                      # ≈ 5 min on one core
   python3 benchmarks/selector_alignment.py --pools 20 --out /tmp/a.json
 
 Writes JSON (default benchmarks/results/selector_alignment.json) and prints a table.
@@ -33,6 +37,8 @@ from rised_jax.select import make_selector  # noqa: E402
 from tests.select import pools  # noqa: E402
 
 SIZES = ((4, 1), (8, 2), (32, 8), (64, 16), (128, 32), (128, 64))
+SWEEP_RATIOS = (1, 2, 4, 8, 16)   # K / B at B = 8 and 32
+POPULATION = 1024                 # groups standing for the population in the sweep
 OBJECTIVES = {
     "default": {},                                        # composition matching, mean + direction
     "mmr_lam2": {"objective": "mmr"},                     # the old default
@@ -75,6 +81,36 @@ def measure(generator: str, num_groups: int, batch_size: int, num_pools: int,
   return result
 
 
+def pool_size_sweep(generator: str, batch_size: int, num_pools: int, seed: int) -> dict:
+  """At fixed B, for K = B … 16B: the squared distance of the chosen batch's mean tag profile
+  from the population's (estimated from POPULATION more groups of the same draw: a
+  generator's first K groups do not depend on how many follow), in units of σ²/B, for the
+  default and for a random B of the K (the mean of 20 draws). K = B is plain GRPO."""
+  result = {}
+  for ratio in SWEEP_RATIOS:
+    num_groups = ratio * batch_size
+    rng = np.random.default_rng([seed, num_groups, batch_size, 99])
+    chosen_gaps, random_gaps = [], []
+    for step in range(num_pools):
+      everything, all_tags = pools.GENERATORS[generator](rng, num_groups + POPULATION)
+      pool, tags = everything[:num_groups], all_tags[:num_groups]
+      phi_all = pools.tag_profiles(all_tags)[pools.profiled(all_tags)]
+      population = phi_all.mean(0)
+      unit = float(np.mean(np.sum((phi_all - population) ** 2, axis=1))) / batch_size
+      phi = pools.tag_profiles(tags)
+
+      def distance(subset):
+        return float(np.sum((phi[list(subset)].mean(0) - population) ** 2)) / unit
+
+      chosen_gaps.append(distance(make_selector("rised", seed=seed).select(
+          pool, batch_size, step, tags)))
+      random_gaps.append(np.mean([distance(rng.permutation(num_groups)[:batch_size])
+                                  for _ in range(20)]))
+    result[f"K={ratio}B"] = {"default": float(np.mean(chosen_gaps)),
+                             "random": float(np.mean(random_gaps))}
+  return result
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--pools", type=int, default=100, help="pools per generator and size")
@@ -105,13 +141,23 @@ def main(argv=None) -> None:
       rand_cos = f"{row['random']['cosine']:.3f}" if row["random"]["cosine"] is not None else "-"
       print(f"{generator:10} {num_groups:4} {batch_size:3}  " + "  ".join(cells)
             + f"  {rand_cos:>8}", flush=True)
+  sweep = {}
+  print(f"\nbatch mean vs population mean, in units of sigma^2/B: K = B ... {SWEEP_RATIOS[-1]}B")
+  for generator in generators:
+    for batch_size in (8, 32):
+      row = pool_size_sweep(generator, batch_size, max(2, args.pools // 4), args.seed)
+      sweep.setdefault(generator, {})[f"B={batch_size}"] = row
+      print(f"{generator:10} B={batch_size:3} " + "  ".join(
+          f"{k}: {v['default']:.3f} (random {v['random']:.3f})" for k, v in row.items()),
+            flush=True)
   out = Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps({
       "command": " ".join(["python3", "benchmarks/selector_alignment.py", *(argv or sys.argv[1:])]),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "machine": platform.platform(), "pools": args.pools, "seed": args.seed,
-      "objectives": OBJECTIVES, "results": results}, indent=1))
+      "objectives": OBJECTIVES, "results": results,
+      "pool_size_sweep": sweep}, indent=1))
   print(f"wrote {out}")
 
 

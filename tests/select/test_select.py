@@ -514,7 +514,7 @@ def test_task_history_fires_on_a_repeated_instance_under_another_seed():
                                        ("smollm2_cpu.py", "rised"),
                                        ("rised_qwen3_multienv.py", "rised,4b"),
                                        ("rised_qwen3_multienv.py", "rised,1.7b,local")])
-def test_rised_configs_roll_out_four_candidates_per_trained_group(name, arg):
+def test_rised_configs_pool_four_per_trained_group_and_match_composition(name, arg):
   import warnings
   from pathlib import Path
   from rised_jax import pipelines
@@ -522,6 +522,8 @@ def test_rised_configs_roll_out_four_candidates_per_trained_group(name, arg):
   config = load_config_file(Path(__file__).resolve().parents[2] / "experiments" / "configs"
                             / name, arg)
   assert config.select.pool_groups >= 4 * config.select.batch_groups
+  selector = make_selector(config.select.name, **config.select.options.to_dict())
+  assert (selector.objective, selector.direction_weight) == ("composition", 2.0)
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     pipelines.validate(config)
