@@ -1,8 +1,9 @@
 """How closely each RISED selection objective's chosen batch matches its pool, against random.
 
 For every pool generator of tests/select/pools.py ("beta": the tests' original one;
-"dirichlet": held out while the defaults were compared; "prototype": written after they were
-chosen) and every (K, B), `--pools` seeded pools are drawn and each objective chooses B groups:
+"dirichlet": the issue's second one; both were used to choose direction_weight and
+direction_target; "prototype": written after they were chosen, run on them unchanged) and every
+(K, B), `--pools` seeded pools are drawn and each objective chooses B groups:
 
   gap_ratio   mean ‖chosen mean tag profile − pool mean‖² over the pools, divided by the mean
               of its exact expectation for a uniform random B-subset (pools.random_mean_gap):
@@ -18,6 +19,8 @@ population has in expectation: what K = 4B buys over 2B or 8B (K = B is plain GR
 
   python3 benchmarks/selector_alignment.py                      # ≈ 5 min on one core
   python3 benchmarks/selector_alignment.py --pools 20 --out /tmp/a.json
+  git show d2dee26:rised_jax/select/rised.py > /tmp/old_rised.py   # the old default, as shipped
+  python3 benchmarks/selector_alignment.py --compare /tmp/old_rised.py
 
 Writes JSON (default benchmarks/results/selector_alignment.json) and prints a table.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import platform
 import sys
@@ -44,14 +48,28 @@ OBJECTIVES = {
     "mmr_lam2": {"objective": "mmr"},                     # the old default
     "mean_only": {"objective": "composition", "direction_weight": 0.0, "lam": 0.01},  # old option
 }
+COMPARED = "compared"   # the --compare file's default RisedSelector
 
 
-def measure(generator: str, num_groups: int, batch_size: int, num_pools: int,
-            seed: int) -> dict:
+def load_selector_class(path: str) -> type:
+  """`RisedSelector` of another version of rised_jax/select/rised.py (e.g. the old default:
+  `git show d2dee26:rised_jax/select/rised.py > /tmp/old_rised.py`)."""
+  spec = importlib.util.spec_from_file_location("compared_rised", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.RisedSelector
+
+
+def measure(generator: str, num_groups: int, batch_size: int, num_pools: int, seed: int,
+            compared: type | None = None) -> dict:
   rng = np.random.default_rng([seed, num_groups, batch_size, sorted(pools.GENERATORS).index(
       generator)])
-  gaps = {name: [] for name in OBJECTIVES}
-  cosines = {name: [] for name in OBJECTIVES}
+  selectors = {name: (lambda options=options: make_selector("rised", seed=seed, **options))
+               for name, options in OBJECTIVES.items()}
+  if compared is not None:
+    selectors[COMPARED] = lambda: compared(seed=seed)
+  gaps = {name: [] for name in selectors}
+  cosines = {name: [] for name in selectors}
   random_gaps, random_cosines = [], []
   for step in range(num_pools):
     pool, tags = pools.GENERATORS[generator](rng, num_groups)
@@ -62,15 +80,15 @@ def measure(generator: str, num_groups: int, batch_size: int, num_pools: int,
     random_gaps.append(pools.random_mean_gap(phi, batch_size))
     if batch_size > 1:
       random_cosines.append(pools.random_pairwise_cosine(behaviour))
-    for name, options in OBJECTIVES.items():
-      chosen = make_selector("rised", seed=seed, **options).select(pool, batch_size, step, tags)
+    for name, build in selectors.items():
+      chosen = build().select(pool, batch_size, step, tags)
       rows = [position[k] for k in chosen if k in position]
       gaps[name].append(pools.mean_gap(phi, rows))
       if batch_size > 1:
         cosines[name].append(pools.mean_pairwise_cosine(behaviour, rows))
   result = {"random": {"gap": float(np.mean(random_gaps)),
                        "cosine": float(np.mean(random_cosines)) if random_cosines else None}}
-  for name in OBJECTIVES:
+  for name in selectors:
     entry = {"gap": float(np.mean(gaps[name])),
              "gap_ratio": float(np.mean(gaps[name]) / np.mean(random_gaps))}
     if batch_size > 1:
@@ -117,6 +135,8 @@ def main(argv=None) -> None:
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--generators", default=",".join(pools.GENERATORS),
                       help=f"comma-separated, of {sorted(pools.GENERATORS)}")
+  parser.add_argument("--compare", default=None,
+                      help="a rised.py file whose default RisedSelector is measured too")
   parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"
                                            / "selector_alignment.json"))
   args = parser.parse_args(argv)
@@ -125,15 +145,17 @@ def main(argv=None) -> None:
   if unknown or args.pools < 2:
     parser.error(f"--generators has unknown {unknown} (expected of {sorted(pools.GENERATORS)}); "
                  f"--pools={args.pools} (expected >= 2)")
+  compared = load_selector_class(args.compare) if args.compare else None
+  names = list(OBJECTIVES) + ([COMPARED] if compared else [])
   results = {}
   print(f"{'generator':10} {'K':>4} {'B':>3}  " + "  ".join(
-      f"{name + ' gap/rand':>18} {'cos-rand':>14}" for name in OBJECTIVES) + f"  {'rand cos':>8}")
+      f"{name + ' gap/rand':>18} {'cos-rand':>14}" for name in names) + f"  {'rand cos':>8}")
   for generator in generators:
     for num_groups, batch_size in SIZES:
-      row = measure(generator, num_groups, batch_size, args.pools, args.seed)
+      row = measure(generator, num_groups, batch_size, args.pools, args.seed, compared)
       results.setdefault(generator, {})[f"{num_groups},{batch_size}"] = row
       cells = []
-      for name in OBJECTIVES:
+      for name in names:
         entry = row[name]
         cos = (f"{entry['cosine_vs_random']:+.3f}±{entry['cosine_vs_random_se']:.3f}"
                if "cosine" in entry else "-")

@@ -1,14 +1,16 @@
 """Synthetic candidate pools for the selection tests and benchmarks/selector_alignment.py.
 
-Two generators of (pool, tags) with a known structure, so a selector's choice can be scored
+Generators of (pool, tags) with a known structure, so a selector's choice can be scored
 against the pool it came from:
 
 - `beta_pool`: the tests' original generator. Four environments with Beta(0.5, 0.5) tag rates
   over 13 tags, Gaussian per-group noise, every rollout judged.
-- `dirichlet_pool` (held out: the selector was not tuned on it): environments of unequal share
+- `dirichlet_pool` (the issue's second generator): environments of unequal share
   (Dirichlet weights), each with a sparse tag-rate vector (a Dirichlet split of 0.3–3 expected
   tags per rollout), Gamma per-group noise, 5 % failed judgements. Many rollouts carry no tag
   (the judge answered `[]`), and some groups carry none at all.
+- `prototype_pool`: written after the defaults (direction_weight, direction_target) were chosen
+  on the other two, and run on them unchanged: a held-out check.
 """
 from __future__ import annotations
 
