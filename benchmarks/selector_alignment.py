@@ -45,7 +45,7 @@ SWEEP_RATIOS = (1, 2, 4, 8, 16)   # K / B at B = 8 and 32
 POPULATION = 1024                 # groups standing for the population in the sweep
 OBJECTIVES = {
     "default": {},                                        # composition matching, mean + direction
-    "mmr_lam2": {"objective": "mmr"},                     # the old default
+    "mmr_lam2": {"objective": "mmr"},                     # the old default's objective
     "mean_only": {"objective": "composition", "direction_weight": 0.0, "lam": 0.01},  # old option
 }
 COMPARED = "compared"   # the --compare file's default RisedSelector
@@ -101,8 +101,9 @@ def measure(generator: str, num_groups: int, batch_size: int, num_pools: int, se
 
 def pool_size_sweep(generator: str, batch_size: int, num_pools: int, seed: int) -> dict:
   """At fixed B, for K = B … 16B: the squared distance of the chosen batch's mean tag profile
-  from the population's (estimated from POPULATION more groups of the same draw: a
-  generator's first K groups do not depend on how many follow), in units of σ²/B, for the
+  from the population's (estimated from the POPULATION groups drawn after the pool's in the
+  same call: a generator's first K groups do not depend on how many follow), in units of σ²/B
+  (σ² over those groups), for the
   default and for a random B of the K (the mean of 20 draws). K = B is plain GRPO."""
   result = {}
   for ratio in SWEEP_RATIOS:
@@ -112,9 +113,10 @@ def pool_size_sweep(generator: str, batch_size: int, num_pools: int, seed: int) 
     for step in range(num_pools):
       everything, all_tags = pools.GENERATORS[generator](rng, num_groups + POPULATION)
       pool, tags = everything[:num_groups], all_tags[:num_groups]
-      phi_all = pools.tag_profiles(all_tags)[pools.profiled(all_tags)]
-      population = phi_all.mean(0)
-      unit = float(np.mean(np.sum((phi_all - population) ** 2, axis=1))) / batch_size
+      rest = all_tags[num_groups:]   # the population sample, disjoint from the pool
+      phi_rest = pools.tag_profiles(rest)[pools.profiled(rest)]
+      population = phi_rest.mean(0)
+      unit = float(np.mean(np.sum((phi_rest - population) ** 2, axis=1))) / batch_size
       phi = pools.tag_profiles(tags)
 
       def distance(subset):

@@ -533,3 +533,17 @@ def test_rised_configs_pool_four_per_trained_group_and_match_composition(name, a
   config.select.pool_groups = config.select.batch_groups
   with pytest.warns(UserWarning, match="pool_groups == batch_groups .* selection does nothing"):
     pipelines.validate(config)
+
+
+def test_alignment_benchmark_writes_its_table(tmp_path):
+  """benchmarks/selector_alignment.py at its smallest: its JSON holds the default's ratios,
+  which clear the issue-21 bar at (128, 32), and the old default's MMR, which does not."""
+  from benchmarks import selector_alignment
+  out = tmp_path / "alignment.json"
+  selector_alignment.main(["--pools", "3", "--generators", "beta", "--out", str(out)])
+  result = json.loads(out.read_text())
+  row = result["results"]["beta"]["128,32"]
+  assert row["default"]["gap_ratio"] <= 0.5 < row["mmr_lam2"]["gap_ratio"]
+  assert row["random"]["gap"] > row["default"]["gap"]
+  sweep = result["pool_size_sweep"]["beta"]["B=8"]
+  assert sweep["K=1B"]["default"] == pytest.approx(sweep["K=1B"]["random"])   # K = B: the pool
