@@ -11,7 +11,7 @@ before the model loads (and alone under `--dry_run`). The typed pieces (StepConf
 Algorithms are configs composing stages, not branches in the trainer:
 
   preset             selector          teacher  guidance  step
-  rised              rised (MMR)        on       on        GRPO seq-mean-token-mean
+  rised              rised (matching)   on       on        GRPO seq-mean-token-mean
   rised_no_select    random-from-pool   on       on
   rised_no_teacher   rised              off      on
   rised_no_guidance  rised              on       off

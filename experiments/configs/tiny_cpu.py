@@ -11,7 +11,7 @@ learning test's first setting (the tiny model does not learn it; README): 3x3 ma
 from the exit, each action a single token, 256 held-out instances whose winning first move
 differs (forward, turn left, turn right), so the policy must read the observation; a blind
 policy (one action sequence for every instance) wins at most 36 % of them. RISED rolls out K =
-4B candidate groups (the regime where its selection differs from a random subset). "signpost"
+4B candidate groups, as every RISED config (docs/changes/selector.md). "signpost"
 is the learning test's setting: the plug-in game tests.learning_envs:Signpost (one move, named
 by the observation in words; 64 held-out instances, the best constant move wins about a third
 of them).
