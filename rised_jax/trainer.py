@@ -421,6 +421,7 @@ def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) 
     metrics.update(timer.seconds)
     run.log.scalars(done, metrics)
     p.log_rollouts(run.log, done, record)
+    _say(step_line(done, steps, metrics))
     bar.set_postfix(loss=f"{metrics['loss']:.4g}", reward=f"{metrics['rollout/reward']:.3f}",
                     pass_rate=f"{last_pass:.3f}", refresh=False)
     if failed:
@@ -496,6 +497,31 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | os.Pat
   results = run.pipeline.evaluate()
   run.checkpointer.close()
   return results
+
+
+# (stage, its token count in the step's metrics, what the tokens are) of the per-step line.
+_RATED_STAGES = (("rollout", "rollout/agent_tokens", "generated"),
+                 ("step", "loss_tokens", "trained"))
+
+
+def step_line(done: int, steps: int, metrics: dict[str, float]) -> str:
+  """The line printed after each step: the roll-out's and the update's seconds with their
+  tokens per second (where the pipeline counts them), the evaluation's, and the rest."""
+  parts = [f"step {done}/{steps}"]
+  for stage, tokens_key, what in _RATED_STAGES:
+    seconds = metrics.get(f"time/{stage}")
+    if seconds is None:
+      continue
+    tokens = metrics.get(tokens_key)
+    rate = (f" ({tokens:,.0f} tokens {what}, {tokens / seconds:,.1f} tokens/s)"
+            if tokens is not None and seconds > 0 else "")
+    parts.append(f"{stage} {seconds:.1f} s{rate}")
+  if "time/eval" in metrics:
+    parts.append(f"eval {metrics['time/eval']:.1f} s")
+  shown = {f"time/{stage}" for stage, _, _ in _RATED_STAGES} | {"time/eval"}
+  rest = sum(v for k, v in metrics.items() if k.startswith("time/") and k not in shown)
+  parts.append(f"other stages {rest:.1f} s")
+  return " | ".join(parts)
 
 
 class _StageTimer:
