@@ -6,8 +6,8 @@
 # Usage: benchmarks/device_check.sh [--dry-run] [--out FILE]
 #   --dry-run   CPU, tiny shapes, a few seconds (CI runs it)
 set -euo pipefail
-case "${1:-}" in   # the header comment above is the usage text
-  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+case "${1:-}" in   # the header comment above is the usage text (lib.sh prints it)
+  -h|--help) source "$(dirname "$0")/../experiments/launch/lib.sh"; usage ;;
 esac
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
