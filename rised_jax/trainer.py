@@ -317,7 +317,7 @@ def assemble(run: Run, rows: list[batching.Row]):
 
 def update(run: Run, batch, compiled_shapes: set | None = None) -> dict[str, float]:
   """One fused step, with its throughput (`flops.Throughput`, compile time excluded) and
-  `time/compile_cache_hits`. With `compiled_shapes`, a batch shape not in it (the step
+  `time/compile/cache_hits`. With `compiled_shapes`, a batch shape not in it (the step
   compiles for it) is announced and the compile time JAX reports is printed."""
   shape = tuple(np.shape(batch["input_ids"]))
   announce = compiled_shapes is not None and shape not in compiled_shapes
@@ -333,7 +333,7 @@ def update(run: Run, batch, compiled_shapes: set | None = None) -> dict[str, flo
     hit = " (from the compilation cache)" if compiles["cache_hits"] else ""
     _say(f"compiled the train step in {compiles['seconds']:.1f} s{hit}")
   metrics.update(run.throughput.step_metrics(batch, seconds - compiles["seconds"]))
-  metrics["time/compile_cache_hits"] = float(compiles["cache_hits"])
+  metrics["time/compile/cache_hits"] = float(compiles["cache_hits"])
   return metrics
 
 
@@ -479,6 +479,7 @@ def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) 
     metrics.update(timer.seconds)
     run.log.scalars(done, metrics)
     p.log_rollouts(run.log, done, record)
+    _say(step_line(done, steps, metrics))
     bar.set_postfix(loss=f"{metrics['loss']:.4g}", reward=f"{metrics['rollout/reward']:.3f}",
                     pass_rate=f"{last_pass:.3f}", refresh=False)
     profiler.after(done)
@@ -578,6 +579,33 @@ class _Profiler:
     if self.active and done >= self.window[1]:
       jax.profiler.stop_trace()
       self.active = False
+
+
+# (stage, its token count in the step's metrics, what the tokens are) of the per-step line.
+_RATED_STAGES = (("rollout", "rollout/agent_tokens", "generated"),
+                 ("step", "loss_tokens", "trained"))
+
+
+def step_line(done: int, steps: int, metrics: dict[str, float]) -> str:
+  """The line printed after each step: the roll-out's and the update's seconds with their
+  tokens per second (where the pipeline counts them), the evaluation's, and the rest."""
+  parts = [f"step {done}/{steps}"]
+  for stage, tokens_key, what in _RATED_STAGES:
+    seconds = metrics.get(f"time/{stage}")
+    if seconds is None:
+      continue
+    tokens = metrics.get(tokens_key)
+    rate = (f" ({tokens:,.0f} tokens {what}, {tokens / seconds:,.1f} tokens/s)"
+            if tokens is not None and seconds > 0 else "")
+    parts.append(f"{stage} {seconds:.1f} s{rate}")
+  if "time/eval" in metrics:
+    parts.append(f"eval {metrics['time/eval']:.1f} s")
+  shown = {f"time/{stage}" for stage, _, _ in _RATED_STAGES} | {"time/eval"}
+  # Stage seconds are time/<stage>; time/<group>/<name> are other wall-clock values (rates).
+  rest = sum(v for k, v in metrics.items()
+             if k.startswith("time/") and k.count("/") == 1 and k not in shown)
+  parts.append(f"other stages {rest:.1f} s")
+  return " | ".join(parts)
 
 
 class _StageTimer:

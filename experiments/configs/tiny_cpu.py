@@ -7,7 +7,7 @@
 Argument (rised_jax.config_args): "ALGORITHM[,SETTING]". ALGORITHM is a preset (rised, grpo,
 dapo, variance, env_curriculum, rised_no_select, rised_no_teacher, rised_no_guidance); SETTING
 is smoke (default: FrozenLake and 2x2 mazes, three steps), easy or signpost. "easy" was the
-learning test's first setting (the tiny model does not learn it; README): 3x3 mazes one step
+learning test's first setting (the tiny model does not learn it; docs/performance.md): 3x3 mazes one step
 from the exit, each action a single token, 256 held-out instances whose winning first move
 differs (forward, turn left, turn right), so the policy must read the observation; a blind
 policy (one action sequence for every instance) wins at most 36 % of them. RISED rolls out K =

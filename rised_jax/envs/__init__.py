@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 # name -> environment class, or "module:Class" imported on first use.
 _REGISTRY: dict[str, type | str] = {
     cls.name: cls for cls in (Sokoban, FrozenLake, Countdown, Wordle, Household, Maze)}
-# Real suites behind optional extras (README, "Real environment suites"): imported on first use,
+# Real suites behind optional extras (docs/environments.md): imported on first use,
 # so `import rised_jax` never needs them. name -> (module, class).
 _SUITES: dict[str, tuple[str, str]] = {
     "babyai": ("rised_jax.envs.babyai", "BabyAI"),

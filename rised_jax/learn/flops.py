@@ -160,9 +160,9 @@ class Throughput:
     throughput/trained_tokens  response tokens with loss (the policy-gradient tokens)
     throughput/model_tflops    model FLOPs of the step over its padded batch (`train_step_flops`
                                with `batch_forwards` extra forwards), in TFLOP
-    time/step_compute          `seconds`
-    time/tokens_per_s, time/trained_tokens_per_s   the two counts per second
-    time/mfu                   model FLOPs / seconds / peak_flops_per_s
+    time/throughput/step_compute_s   `seconds`
+    time/throughput/tokens_per_s, time/throughput/trained_tokens_per_s   the counts per second
+    time/throughput/mfu        model FLOPs / seconds / peak_flops_per_s
     """
     rows, seq_len = np.shape(batch["input_ids"])
     flops = train_step_flops(self.model, rows, seq_len,
@@ -172,7 +172,7 @@ class Throughput:
     seconds = max(seconds, 1e-9)
     return {"throughput/tokens": tokens, "throughput/trained_tokens": trained,
             "throughput/model_tflops": flops / 1e12,
-            "time/step_compute": seconds,
-            "time/tokens_per_s": tokens / seconds,
-            "time/trained_tokens_per_s": trained / seconds,
-            "time/mfu": flops / seconds / self.peak_flops_per_s}
+            "time/throughput/step_compute_s": seconds,
+            "time/throughput/tokens_per_s": tokens / seconds,
+            "time/throughput/trained_tokens_per_s": trained / seconds,
+            "time/throughput/mfu": flops / seconds / self.peak_flops_per_s}

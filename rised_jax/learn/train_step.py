@@ -277,7 +277,7 @@ def kept_token_mask(params, rest, teacher_params, graphdef, config: StepConfig,
   micro-batching this pre-pass runs the student and teacher forwards once, micro-batch by
   micro-batch, without gradients, before the accumulation scan; the scan then uses this mask
   and its global count. Cost: one extra student and teacher forward per step (measured in the
-  README's CriPO section); paid only when `config.kept_pre_pass`.
+  docs/cripo.md); paid only when `config.kept_pre_pass`.
   """
   frozen = jax.lax.stop_gradient(params)
 

@@ -57,7 +57,6 @@ import logging
 from typing import Mapping, Sequence
 
 import jax
-import tqdm
 
 from rised_jax import envs
 from rised_jax.envs.base import check_step_result
@@ -66,6 +65,7 @@ from rised_jax.rollout.base import (Engine, GenerationRequest, GenerationResult,
                                     generate_or_none)
 from rised_jax.rollout.chat import ChatFormat, join_system_text
 from rised_jax.rollout.env_pool import EnvError, EnvPool
+from rised_jax.rollout.progress import TurnBar
 from rised_jax.types import Group, Task, Trajectory, Turn
 from rised_jax.checks import is_int
 
@@ -194,7 +194,8 @@ class AgentLoop:
           desc: str = "rollout") -> list[Group]:
     """G rollouts of every task (in order), with the environment's hint where `hints` has one.
 
-    A progress bar named `desc` counts finished episodes (process 0; it clears when done)."""
+    A progress bar named `desc` counts the turns played against the turns budgeted
+    (`rollout.progress`; process 0; it clears when done)."""
     group_size = _positive_int("group_size", group_size)
     hints = dict(hints or {})
     for env_name, hint in hints.items():
@@ -209,8 +210,9 @@ class AgentLoop:
     # prefix reuse would otherwise share keys/values computed in other batch shapes).
     self.engine.reset_prefix_cache()
     live = [e for e in episodes if not e.done]   # not those whose group failed to reset
-    with tqdm.tqdm(total=len(live), desc=desc, unit="episode", leave=False,
-                   disable=jax.process_index() != 0) as bar:
+    slot = {id(e): i for i, e in enumerate(live)}
+    with TurnBar(desc, [self._turn_budget(e) for e in live],
+                 disable=jax.process_index() != 0) as bar:
       while live:
         results = generate_or_none(self.engine, [self._request(e, seed) for e in live],
                                    **self._engine_options())
@@ -221,7 +223,8 @@ class AgentLoop:
             episode.failed = episode.done = True
           else:
             self._advance(episode, result)
-        bar.update(sum(e.done for e in live))
+        bar.played([(slot[id(e)], len(e.turns), e.done) for e in live],
+                   sum(len(r.output_ids) for r in results if r is not None))
         live = [e for e in live if not e.done]
     for episode in episodes:
       self._release(episode)
@@ -234,6 +237,13 @@ class AgentLoop:
     self.groups_dropped = len(tasks) - len(kept)
     self._report_env_errors(len(episodes), bool(kept))
     return kept
+
+  def _turn_budget(self, episode: _Episode) -> int | None:
+    """The most turns the episode may play: the loop's budget and the environment's own
+    (known for `envs.Environment` subclasses), None when neither is known."""
+    own = episode.env.max_turns if isinstance(episode.env, envs.Environment) else None
+    budgets = [b for b in (self.max_turns, own) if b is not None]
+    return min(budgets) if budgets else None
 
   def _release(self, episode: _Episode) -> None:
     if episode.env is not None:

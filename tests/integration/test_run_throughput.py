@@ -33,13 +33,13 @@ def test_second_identical_run_hits_the_compilation_cache(tmp_path):
   out1, first = _run(tmp_path / "a", model_dir, cache_root)
   assert list((cache_root / "jax").iterdir()), "nothing was written to the compilation cache"
   out2, second = _run(tmp_path / "b", model_dir, cache_root, "--config.train.profile_steps=0,1")
-  assert first[0]["time/compile_cache_hits"] == 0
-  assert second[0]["time/compile_cache_hits"] >= 1
+  assert first[0]["time/compile/cache_hits"] == 0
+  assert second[0]["time/compile/cache_hits"] >= 1
   assert "from the compilation cache" in out2 and "from the compilation cache" not in out1
   for row in first + second:
     assert row["throughput/tokens"] >= row["throughput/trained_tokens"] > 0
     assert row["throughput/model_tflops"] > 0
-    assert 0 < row["time/mfu"] < 1 and math.isfinite(row["time/tokens_per_s"])
+    assert 0 < row["time/throughput/mfu"] < 1 and math.isfinite(row["time/throughput/tokens_per_s"])
   # The counts are the run's, not the machine's: the same in both runs.
   assert ({k: v for k, v in first[0].items() if k.startswith("throughput/")}
           == {k: v for k, v in second[0].items() if k.startswith("throughput/")})
