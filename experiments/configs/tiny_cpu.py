@@ -12,8 +12,8 @@ from the exit, each action a single token. The agent's view is egocentric, so it
 layouts are only 25 situations (first observation and winning plan, `envs.base`): 12 are held
 out, 13 left to train on. Their winning first moves differ (forward 6, turn right 4, turn left
 2), so the policy must read the observation; a blind policy (one action sequence for every
-instance) wins at most 6 of the 12. RISED rolls out K = 4B candidate groups (the regime where
-its selection differs from a random subset). "signpost" is the learning test's setting: the
+instance) wins at most 6 of the 12. RISED rolls out K = 4B candidate groups, as every RISED
+config (docs/changes/selector.md). "signpost" is the learning test's setting: the
 plug-in game tests.learning_envs:Signpost (one move, named by the observation in words, which
 is all there is to the game; 64 of its 256 instances held out, the best constant move wins
 about a third of them). "smoke" holds out 4 FrozenLake maps and 4 of the 24 situations of its
