@@ -27,10 +27,13 @@ checkpoint (`may_prefetch`), so a resumed run repeats the uninterrupted one exac
 rollout/policy_lag (1 for a background roll-out), time/rollout (its own duration) and
 time/rollout_wait (how long the step waited for it).
 
-Non-finite steps: the step applies no update when its loss or gradient is not finite
-(`train_step`); the trainer logs `train/skipped_nonfinite` and stops with
-`NonFiniteTrainingError` after `train.max_nonfinite_steps` consecutive ones, without
-checkpointing the failing step.
+Skipped steps: the step applies no update when its loss or gradient is not finite, or when
+its update would move the parameters by more than `step.max_update_ratio` times their norm
+(`train_step`); the trainer logs `train/skipped_nonfinite` and `train/skipped_large_update`
+and stops with `NonFiniteTrainingError` after `train.max_nonfinite_steps` consecutive skipped
+steps (of either kind), without checkpointing the failing step. A skipped step leaves the train
+state as it was, so every checkpoint holds a state that passed both guards: the one the error
+names is the state from before the fault.
 """
 from __future__ import annotations
 
@@ -56,7 +59,11 @@ from rised_jax import model as model_lib
 from rised_jax.learn import batching, train_step
 
 class NonFiniteTrainingError(RuntimeError):
-  """Too many consecutive steps with a non-finite loss or gradient norm."""
+  """Too many consecutive skipped steps (a non-finite loss or gradient, or an absurd update)."""
+
+
+# Why the step skipped its update: its metrics `skipped_<reason>` (train_step.make_step_fn).
+SKIP_REASONS = ("nonfinite", "large_update")
 
 
 @dataclasses.dataclass
@@ -401,10 +408,10 @@ def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) 
     if future is not None:
       with timer("rollout_wait"):   # the engine must be idle before it takes new weights
         prefetched = future.result()
-    skipped = step_metrics.pop("skipped_nonfinite")
+    skipped = {reason: step_metrics.pop(f"skipped_{reason}") for reason in SKIP_REASONS}
     metrics.update(step_metrics)
-    metrics["train/skipped_nonfinite"] = skipped
-    history.nonfinite_streak = history.nonfinite_streak + 1 if skipped else 0
+    metrics.update({f"train/skipped_{reason}": v for reason, v in skipped.items()})
+    history.nonfinite_streak = history.nonfinite_streak + 1 if any(skipped.values()) else 0
     with timer("sync"):
       sync_weights(run, step + 1)
     p.observe(record)
@@ -435,12 +442,15 @@ def _stop_nonfinite(run: Run, done: int) -> None:
   run.checkpointer.close()   # finishes the saves of earlier (finite) steps
   run.log.close()
   last = run.checkpointer.latest_step()
+  ratio = run.config.step.max_update_ratio
   raise NonFiniteTrainingError(
-      f"steps {done - limit + 1}..{done}: the loss or gradient norm was not finite in "
-      f"{limit} consecutive steps (config.train.max_nonfinite_steps={limit}); no update was "
-      f"applied for them and the last good state is checkpoint {last} in "
-      f"{run.checkpointer.directory}. Lower config.optim.learning_rate or check the data; see "
-      f"'loss' and 'grad_norm' in {run.log.path(runlog.METRICS_FILE)}")
+      f"steps {done - limit + 1}..{done}: {limit} consecutive steps were skipped "
+      f"(config.train.max_nonfinite_steps={limit}): the loss or gradient norm was not finite, "
+      f"or the update was larger than config.step.max_update_ratio={ratio} times the "
+      f"parameters' norm; no update was applied for them and the last good state is checkpoint "
+      f"{last} in {run.checkpointer.directory}. Lower config.optim.learning_rate or check the "
+      f"data; see 'loss', 'grad_norm', 'update_ratio' and 'train/skipped_*' in "
+      f"{run.log.path(runlog.METRICS_FILE)}")
 
 
 def _finished_history(config: ml_collections.ConfigDict,
