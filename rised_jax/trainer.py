@@ -132,6 +132,21 @@ def resolve_workdir(workdir: str | os.PathLike) -> epath.Path:
   return epath.Path(text)
 
 
+def check_workdir(workdir: epath.Path) -> None:
+  """A local workdir (resolved) is a directory or a path that can be made one: neither it nor
+  a parent is an existing file (which would fail as a bare NotADirectoryError later). Bucket
+  URLs are not checked here (that needs the bucket's credentials)."""
+  if "://" in os.fspath(workdir):
+    return
+  path = workdir
+  while not path.exists() and path.parent != path:
+    path = path.parent
+  if path.exists() and not path.is_dir():
+    what = "is" if path == workdir else f"lies under {path}, which is"
+    raise ValueError(f"--workdir {os.fspath(workdir)!r} {what} an existing file; expected a "
+                     "directory (existing, or a path the run can create)")
+
+
 def _engine(config: ml_collections.ConfigDict, model, tokenizer):
   if config.rollout.engine == "jax":
     from rised_jax.rollout.jax_engine import JaxEngine  # noqa: PLC0415 - optional stage
@@ -202,6 +217,7 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> e
   that fails before any loading."""
   pipelines.validate(config, num_devices=jax.device_count())
   workdir = resolve_workdir(workdir)
+  check_workdir(workdir)
   with config.unlocked():
     config.workdir = os.fspath(workdir)
   if config.rollout.engine == "sglang":
@@ -465,7 +481,10 @@ def _finished_history(config: ml_collections.ConfigDict,
     if step != config.train.steps:
       return None
     history = RunHistory()
-    history.load_state_dict(checkpointer.restore_host(step)["history"])
+    try:
+      history.load_state_dict(checkpointer.restore_host(step)["history"])
+    except checkpoint.CorruptCheckpointError:
+      return None   # `resume` sets it aside, with a warning, and resumes from an intact one
     return history if history.after else None
   finally:
     checkpointer.close()
@@ -481,13 +500,17 @@ def _report(log: runlog.RunLog, history: RunHistory) -> dict[str, Any]:
 
 
 def resume(run: Run) -> int:
-  """Restores the latest checkpoint, if any, and rewinds the logs to it (to nothing when no
-  checkpoint committed: a fresh start); returns the step to continue from."""
-  step = run.checkpointer.latest_step()
+  """Restores the newest intact checkpoint, if any, and rewinds the logs to it (to nothing
+  when no checkpoint committed: a fresh start); returns the step to continue from. A corrupt
+  newer checkpoint is moved aside with a warning (`Checkpointer.restore_latest`); when every
+  one is corrupt the run stops with CorruptCheckpointError rather than start from nothing."""
+  step, state, set_aside = run.checkpointer.restore_latest(run.state, run.host_state())
+  for problem in set_aside:
+    _say(f"warning: {problem}; resuming from the previous intact checkpoint, step {step}")
   if step is None:
     run.log.rewind(None)
     return 0
-  run.state = run.checkpointer.restore(step, run.state, run.host_state())
+  run.state = state
   sync_weights(run, step)
   run.log.rewind(step)
   _say(f"resumed from step {step} of {run.checkpointer.directory}")
