@@ -124,7 +124,7 @@ class Checkpointer:
     self.check(step)
     try:
       return self._manager.restore(step, args=ocp.args.Composite(**items))
-    except Exception as error:  # orbax / tensorstore raise many types  # pylint: disable=broad-except
+    except Exception as error:  # orbax, tensorstore: many types  # pylint: disable=broad-except
       raise CorruptCheckpointError(
           f"checkpoint step {step} in {self.directory} is corrupt: reading "
           f"{self.directory / str(step)} failed: {type(error).__name__}: {error}") from error
@@ -172,8 +172,8 @@ class Checkpointer:
         problems.append(f"{error}; moved it to {self._set_aside(step)}")
     if problems:
       raise CorruptCheckpointError(
-          f"no intact checkpoint in {self.directory}: {'; '.join(problems)}. Restore a good copy of a step there, or "
-          "use a new --workdir to start afresh")
+          f"no intact checkpoint in {self.directory}: {'; '.join(problems)}. Restore a good "
+          "copy of a step there, or use a new --workdir to start afresh")
     return None, target, []
 
   def _set_aside(self, step: int) -> epath.Path:

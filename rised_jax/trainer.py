@@ -69,7 +69,8 @@ SKIP_REASONS = ("nonfinite", "large_update")
 @dataclasses.dataclass
 class RunHistory:
   """What a resumed run needs from before its restart: the "before" evaluation, the final
-  one (non-empty once the run has finished) and the current run of non-finite steps."""
+  one (non-empty once the run has finished) and the current run of skipped steps (non-finite
+  or too large an update; `nonfinite_streak` keeps its checkpointed name)."""
 
   before: dict[str, Any] = dataclasses.field(default_factory=dict)
   after: dict[str, Any] = dataclasses.field(default_factory=dict)

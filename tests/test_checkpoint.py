@@ -81,8 +81,8 @@ def test_a_corrupt_step_names_its_file_and_resumes_from_the_newest_intact_one(
     tmp_path, corrupt, problem):
   ckpt = _saved(tmp_path, [1, 2, 3])
   path = corrupt(tmp_path / "3")
-  with pytest.raises(checkpoint.CorruptCheckpointError,
-                     match=rf"checkpoint step 3 in .* is corrupt: {re.escape(str(path))} {problem}"):
+  expected = rf"checkpoint step 3 in .* is corrupt: {re.escape(str(path))} {problem}"
+  with pytest.raises(checkpoint.CorruptCheckpointError, match=expected):
     ckpt.restore(3, _state(0.0), {"h": _Host()})
   host = _Host()
   step, state, set_aside = ckpt.restore_latest(_state(0.0), {"h": host})

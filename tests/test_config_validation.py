@@ -121,7 +121,8 @@ def test_build_checks_the_mesh_against_the_devices_before_loading_the_model(tmp_
 # Issue 23, point 8: each was accepted by validation and failed only once the model had loaded
 # (some naming an engine's argument instead of the key); now each is refused first, naming the
 # key, the value and what is expected.
-_REMOTE = {"envs.names": ["alfworld"], "envs.aliases": {"alfworld": "rised_jax.envs.remote:ALFWorld"}}
+_REMOTE = {"envs.names": ["alfworld"],
+           "envs.aliases": {"alfworld": "rised_jax.envs.remote:ALFWorld"}}
 LATE_ERRORS = [
     ({"envs.difficulty.maze.width": -3},
      r"config\.envs\.difficulty\.maze=\{.*'width': -3.*\}: maze: width must be an integer in "

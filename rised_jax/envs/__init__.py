@@ -212,7 +212,8 @@ def check_knob_values(name: str, difficulty: Mapping[str, Any]) -> None:
   close(env)
 
 
-__all__ = ["ENVIRONMENTS", "Environment", "check_config", "check_knob_values", "EnvironmentProtocol", "Outcome", "check_name",
+__all__ = ["ENVIRONMENTS", "Environment", "check_config", "check_knob_values",
+           "EnvironmentProtocol", "Outcome", "check_name",
            "close", "is_environment", "register", "format_answer", "make", "names", "suite_names",
            "difficulty_keys",
            "instance_key",
