@@ -226,7 +226,8 @@ def _prepare(evaluating: bool = False):
 def _dry_run(config) -> None:
   from rised_jax import config as config_lib, pipelines, trainer  # noqa: PLC0415
   pipelines.validate(config)
-  trainer.resolve_workdir(_WORKDIR.value)   # a bucket URL's filesystem backend is installed
+  # Resolving checks a bucket URL's filesystem backend; a local workdir must be a directory.
+  trainer.check_workdir(_workdir())
   print(config.to_json_best_effort(indent=2, sort_keys=True))   # what the run saves
   print(config_lib.describe(config))
   print(f"dry run: the config is valid; nothing loaded (workdir {_WORKDIR.value})")

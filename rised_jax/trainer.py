@@ -27,10 +27,13 @@ checkpoint (`may_prefetch`), so a resumed run repeats the uninterrupted one exac
 rollout/policy_lag (1 for a background roll-out), time/rollout (its own duration) and
 time/rollout_wait (how long the step waited for it).
 
-Non-finite steps: the step applies no update when its loss or gradient is not finite
-(`train_step`); the trainer logs `train/skipped_nonfinite` and stops with
-`NonFiniteTrainingError` after `train.max_nonfinite_steps` consecutive ones, without
-checkpointing the failing step.
+Skipped steps: the step applies no update when its loss or gradient is not finite, or when
+its update would move the parameters by more than `step.max_update_ratio` times their norm
+(`train_step`); the trainer logs `train/skipped_nonfinite` and `train/skipped_large_update`
+and stops with `NonFiniteTrainingError` after `train.max_nonfinite_steps` consecutive skipped
+steps (of either kind), without checkpointing the failing step. A skipped step leaves the train
+state as it was, so every checkpoint holds a state that passed both guards: the one the error
+names is the state from before the fault.
 """
 from __future__ import annotations
 
@@ -57,13 +60,18 @@ from rised_jax import model as model_lib
 from rised_jax.learn import batching, flops, train_step
 
 class NonFiniteTrainingError(RuntimeError):
-  """Too many consecutive steps with a non-finite loss or gradient norm."""
+  """Too many consecutive skipped steps (a non-finite loss or gradient, or an absurd update)."""
+
+
+# Why the step skipped its update: its metrics `skipped_<reason>` (train_step.make_step_fn).
+SKIP_REASONS = ("nonfinite", "large_update")
 
 
 @dataclasses.dataclass
 class RunHistory:
   """What a resumed run needs from before its restart: the "before" evaluation, the final
-  one (non-empty once the run has finished) and the current run of non-finite steps."""
+  one (non-empty once the run has finished) and the current run of skipped steps (non-finite
+  or too large an update; `nonfinite_streak` keeps its checkpointed name)."""
 
   before: dict[str, Any] = dataclasses.field(default_factory=dict)
   after: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -140,6 +148,21 @@ def resolve_workdir(workdir: str | os.PathLike) -> epath.Path:
   return epath.Path(text)
 
 
+def check_workdir(workdir: epath.Path) -> None:
+  """A local workdir (resolved) is a directory or a path that can be made one: neither it nor
+  a parent is an existing file (which would fail as a bare NotADirectoryError later). Bucket
+  URLs are not checked here (that needs the bucket's credentials)."""
+  if "://" in os.fspath(workdir):
+    return
+  path = workdir
+  while not path.exists() and path.parent != path:
+    path = path.parent
+  if path.exists() and not path.is_dir():
+    what = "is" if path == workdir else f"lies under {path}, which is"
+    raise ValueError(f"--workdir {os.fspath(workdir)!r} {what} an existing file; expected a "
+                     "directory (existing, or a path the run can create)")
+
+
 def _engine(config: ml_collections.ConfigDict, model, tokenizer):
   if config.rollout.engine == "jax":
     from rised_jax.rollout.jax_engine import JaxEngine  # noqa: PLC0415 - optional stage
@@ -211,6 +234,7 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> e
   pipelines.validate(config, num_devices=jax.device_count())
   use_compilation_cache(config)
   workdir = resolve_workdir(workdir)
+  check_workdir(workdir)
   with config.unlocked():
     config.workdir = os.fspath(workdir)
   if config.rollout.engine == "sglang":
@@ -459,10 +483,10 @@ def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) 
     if future is not None:
       with timer("rollout_wait"):   # the engine must be idle before it takes new weights
         prefetched = future.result()
-    skipped = step_metrics.pop("skipped_nonfinite")
+    skipped = {reason: step_metrics.pop(f"skipped_{reason}") for reason in SKIP_REASONS}
     metrics.update(step_metrics)
-    metrics["train/skipped_nonfinite"] = skipped
-    history.nonfinite_streak = history.nonfinite_streak + 1 if skipped else 0
+    metrics.update({f"train/skipped_{reason}": v for reason, v in skipped.items()})
+    history.nonfinite_streak = history.nonfinite_streak + 1 if any(skipped.values()) else 0
     with timer("sync"):
       sync_weights(run, step + 1)
     p.observe(record)
@@ -496,12 +520,15 @@ def _stop_nonfinite(run: Run, done: int) -> None:
   run.checkpointer.close()   # finishes the saves of earlier (finite) steps
   run.log.close()
   last = run.checkpointer.latest_step()
+  ratio = run.config.step.max_update_ratio
   raise NonFiniteTrainingError(
-      f"steps {done - limit + 1}..{done}: the loss or gradient norm was not finite in "
-      f"{limit} consecutive steps (config.train.max_nonfinite_steps={limit}); no update was "
-      f"applied for them and the last good state is checkpoint {last} in "
-      f"{run.checkpointer.directory}. Lower config.optim.learning_rate or check the data; see "
-      f"'loss' and 'grad_norm' in {run.log.path(runlog.METRICS_FILE)}")
+      f"steps {done - limit + 1}..{done}: {limit} consecutive steps were skipped "
+      f"(config.train.max_nonfinite_steps={limit}): the loss or gradient norm was not finite, "
+      f"or the update was larger than config.step.max_update_ratio={ratio} times the "
+      f"parameters' norm; no update was applied for them and the last good state is checkpoint "
+      f"{last} in {run.checkpointer.directory}. Lower config.optim.learning_rate or check the "
+      f"data; see 'loss', 'grad_norm', 'update_ratio' and 'train/skipped_*' in "
+      f"{run.log.path(runlog.METRICS_FILE)}")
 
 
 def _finished_history(config: ml_collections.ConfigDict,
@@ -516,7 +543,10 @@ def _finished_history(config: ml_collections.ConfigDict,
     if step != config.train.steps:
       return None
     history = RunHistory()
-    history.load_state_dict(checkpointer.restore_host(step)["history"])
+    try:
+      history.load_state_dict(checkpointer.restore_host(step)["history"])
+    except checkpoint.CorruptCheckpointError:
+      return None   # `resume` sets it aside, with a warning, and resumes from an intact one
     return history if history.after else None
   finally:
     checkpointer.close()
@@ -532,13 +562,17 @@ def _report(log: runlog.RunLog, history: RunHistory) -> dict[str, Any]:
 
 
 def resume(run: Run) -> int:
-  """Restores the latest checkpoint, if any, and rewinds the logs to it (to nothing when no
-  checkpoint committed: a fresh start); returns the step to continue from."""
-  step = run.checkpointer.latest_step()
+  """Restores the newest intact checkpoint, if any, and rewinds the logs to it (to nothing
+  when no checkpoint committed: a fresh start); returns the step to continue from. A corrupt
+  newer checkpoint is moved aside with a warning (`Checkpointer.restore_latest`); when every
+  one is corrupt the run stops with CorruptCheckpointError rather than start from nothing."""
+  step, state, set_aside = run.checkpointer.restore_latest(run.state, run.host_state())
+  for problem in set_aside:
+    _say(f"warning: {problem}; resuming from the previous intact checkpoint, step {step}")
   if step is None:
     run.log.rewind(None)
     return 0
-  run.state = run.checkpointer.restore(step, run.state, run.host_state())
+  run.state = state
   sync_weights(run, step)
   run.log.rewind(step)
   _say(f"resumed from step {step} of {run.checkpointer.directory}")

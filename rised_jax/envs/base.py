@@ -36,7 +36,10 @@ Optional members (used where present):
   oracle() -> list[str]  canonical actions that solve the episode from the current state
                          (tests, scripted baselines); never called during training.
 Difficulty knobs are the constructor's keyword-only parameters: `envs.difficulty.NAME` in a
-config passes them, and validation rejects any other key (and a missing required one).
+config passes them, and validation rejects any other key (and a missing required one), then
+builds one instance with them before the model loads: the constructor checks the knobs' values
+(raising ValueError naming the knob, the value and the range) and must stay cheap, leaving
+sessions, servers and processes to the first `reset`.
 
 An exception raised inside `reset` or `step` ends that episode as *errored* (the agent loop
 leaves its group out of training and evaluation, counts it, and discards the instance); a

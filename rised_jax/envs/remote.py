@@ -50,7 +50,7 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar, Mapping
 
-from rised_jax.checks import is_int, is_number
+from rised_jax.checks import is_http_url, is_int, is_number
 from rised_jax.envs import parsing
 from rised_jax.envs.base import StepResult, check_float, check_int
 from rised_jax.rollout import http_retry
@@ -127,7 +127,7 @@ class RemoteEnvironment:
                timeout_s: float = 60.0, retries: int = 3, backoff_s: float = 0.5,
                success_reward: float = 1.0, system_prompt: str = DEFAULT_SYSTEM_PROMPT,
                reset_extra: Mapping[str, Any] | None = None):
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+    if not is_http_url(url):
       raise ValueError(f"{self.name}: url must be an http(s) URL, got {url!r}")
     if not isinstance(system_prompt, str) or not system_prompt.strip():
       raise ValueError(f"{self.name}: system_prompt must be a non-empty string")

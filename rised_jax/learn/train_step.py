@@ -3,7 +3,10 @@
     step(state, batch) -> (state, metrics)
 
 A step whose loss or gradient norm is not finite leaves the state unchanged and reports
-`skipped_nonfinite` = 1 (see the end of `make_step_fn`).
+`skipped_nonfinite` = 1; so does a finite update that would move the parameters by more than
+`max_update_ratio` times their norm (`update_is_acceptable`), reported as
+`skipped_large_update` = 1, with the proposed ratio as `update_ratio` (see the end of
+`make_step_fn`).
 
 For each micro-batch: student hidden states (with gradient), teacher hidden states over the
 teacher rows (stop-gradient; the live parameters by default, an EMA or the frozen initial
@@ -100,6 +103,9 @@ class StepConfig:
   counterfactual: bool = False
   flip_alpha: float = 0.1
   flip_tau: float = 0.1
+  # The update-size guard: a step whose update has ‖Δθ‖ > max_update_ratio · ‖θ‖ is skipped
+  # (`update_is_acceptable`). Healthy runs measure far below 1 (docs/changes/guards.md).
+  max_update_ratio: float = 1.0
   # execution
   chunk: int = 256
   micro_batches: int = 1
@@ -115,6 +121,9 @@ class StepConfig:
       raise ValueError(f"distill_norm {self.distill_norm!r}: expected one of {DISTILL_NORMS}")
     if self.beta < 0 or self.ref_kl_coef < 0:
       raise ValueError(f"beta ({self.beta}) and ref_kl_coef ({self.ref_kl_coef}) must be >= 0")
+    if not self.max_update_ratio > 0:
+      raise ValueError(f"max_update_ratio={self.max_update_ratio}: expected a number > 0 (the "
+                       "largest accepted ‖Δθ‖ / ‖θ‖ of one update)")
     if self.micro_batches < 1 or self.chunk < 1:
       raise ValueError(f"micro_batches ({self.micro_batches}) and chunk ({self.chunk}) must be >= 1")
     if self.localize and not self.distills:
@@ -388,6 +397,23 @@ def _merge_micro(x: Array) -> Array:
   return jnp.swapaxes(x, 0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
+def update_is_acceptable(params, new_params, max_ratio: float) -> tuple[Array, Array]:
+  """(accepted, ratio) of the update params → new_params: ratio = ‖Δθ‖ / ‖θ‖ over the whole
+  pytree (global L2 norms, float32), accepted = ‖Δθ‖ <= max_ratio · ‖θ‖ (False when either
+  norm is NaN or the difference overflows).
+
+  A finite but absurd update (learning rate 1e30) passes every finiteness check and would
+  become every later checkpoint; no healthy step moves the weights by their own norm.
+  """
+  def sq_norm(tree):
+    return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree))
+
+  delta = jnp.sqrt(sq_norm(jax.tree.map(lambda new, old: new.astype(jnp.float32)
+                                        - old.astype(jnp.float32), new_params, params)))
+  norm = jnp.sqrt(sq_norm(params))
+  return delta <= max_ratio * norm, delta / norm
+
+
 def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
                  config: StepConfig) -> Callable[[TrainState, Mapping[str, Array]],
                                                  tuple[TrainState, dict[str, Array]]]:
@@ -479,8 +505,14 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
     # `state.step` counts applied updates and the trainer decides when to give up.
     finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
               & jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(params)])))
-    new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+    # So does a finite update far larger than any healthy one (`update_is_acceptable`).
+    acceptable, update_ratio = update_is_acceptable(state.params, params,
+                                                    config.max_update_ratio)
+    applied = finite & acceptable
+    new_state = jax.tree.map(lambda new, old: jnp.where(applied, new, old), new_state, state)
     metrics["skipped_nonfinite"] = 1.0 - finite.astype(jnp.float32)
+    metrics["skipped_large_update"] = (finite & ~acceptable).astype(jnp.float32)
+    metrics["update_ratio"] = update_ratio
     return new_state, metrics
 
   return step

@@ -94,6 +94,23 @@ def check_config(config) -> None:
   teach.check_config(config, step_config(config).distills)
   envs.check_config(config)
   engines.check_config(config)
+  evaluate.check_sampling(config.eval.pass_at_k, config.eval.temperature)
+  _check_engine_limits(config)
+
+
+def _check_engine_limits(config) -> None:
+  """The engine's fixed buckets (JaxEngine) take the longest prompt (max_total_tokens − 1) and
+  reply the agent loop may send (`AgentLoop` checks the same of the built engine)."""
+  limits, rollout = engines.limits_of(config), config.rollout
+  if not limits.prompt_fits(rollout.max_total_tokens - 1):
+    raise ValueError(f"config.rollout.prompt_buckets={list(rollout.prompt_buckets)}: expected a "
+                     f"bucket >= {rollout.max_total_tokens - 1}, the longest prompt "
+                     f"config.rollout.max_total_tokens={rollout.max_total_tokens} allows (or a "
+                     "smaller max_total_tokens)")
+  if not limits.reply_fits(rollout.max_new_tokens_per_turn):
+    raise ValueError(f"config.rollout.new_token_buckets={list(rollout.new_token_buckets)}: "
+                     f"expected a bucket >= config.rollout.max_new_tokens_per_turn="
+                     f"{rollout.max_new_tokens_per_turn}")
 
 
 @dataclasses.dataclass(frozen=True)

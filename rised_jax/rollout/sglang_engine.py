@@ -60,13 +60,12 @@ import re
 import shutil
 import threading
 import time
-import urllib.parse
 from typing import Any, Mapping, Sequence
 
 from rised_jax.rollout import http_retry
 from rised_jax.rollout.base import (EngineDefaults, GenerationFailed, GenerationRequest,
                                     GenerationResult, StopCheck)
-from rised_jax.checks import is_int, is_number
+from rised_jax.checks import is_http_url, is_int, is_number
 
 log = logging.getLogger(__name__)
 _VERSION_DIR = re.compile(r"^v(\d+)$")
@@ -230,8 +229,7 @@ class SGLangEngine(EngineDefaults):
                max_retries: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 30.0,
                vocab_size: int | None = None, weight_dir: str | None = None,
                tokenizer: Any = None, export_dtype: str | None = None, keep_versions: int = 2):
-    parsed = urllib.parse.urlparse(base_url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+    if not is_http_url(base_url):
       raise ValueError(f"SGLangEngine base_url must look like http://HOST:PORT, got {base_url!r}")
     if max_concurrency < 1:
       raise ValueError(f"SGLangEngine max_concurrency must be >= 1, got {max_concurrency}")
