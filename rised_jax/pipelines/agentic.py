@@ -55,7 +55,8 @@ def agent_loop(config, engine, tokenizer, temperature: float) -> AgentLoop:
                                            temperature=temperature, top_p=config.rollout.top_p,
                                            top_k=config.rollout.top_k),
                    reply_prefix=config.rollout.reply_prefix,
-                   stop_strings=list(config.rollout.stop_strings))
+                   stop_strings=list(config.rollout.stop_strings),
+                   max_abs_reward=config.envs.max_abs_reward)
 
 
 class Progress:

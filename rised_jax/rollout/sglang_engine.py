@@ -7,7 +7,9 @@ Talks only to the server's native API; the `sglang` package is never imported.
                    `output_ids` and `meta_info.output_token_logprobs`, so no text is ever
                    re-tokenised.
   update_weights   exports the model as an HF safetensors directory (one per version, the last
-                   `keep_versions` kept) and POSTs /update_weights_from_disk. The directory
+                   `keep_versions` kept; only directories holding the `EXPORT_MARKER` file
+                   that every export writes are ever deleted) and POSTs
+                   /update_weights_from_disk. The directory
                    must be readable by the server at the same path (same machine or a shared
                    filesystem; not a bucket URL). sglang-jax has no such endpoint: there,
                    restart the server on the exported directory instead. Multi-host: every
@@ -41,7 +43,8 @@ Semantics the caller should know:
   * sglang-jax repeats earlier snapshots in `output_token_logprobs` once an output exceeds
     ~50 tokens; the last `completion_tokens` entries are the right ones, and their token ids
     are checked against `output_ids`.
-  * A reply is validated before anything uses it: every token id inside the vocabulary
+  * A reply is validated before anything uses it: at least one token (the stop token is
+    kept, so even a reply that stops at once has one), every token id inside the vocabulary
     (`vocab_size`), every log-prob finite and <= 0 (up to `LOGPROB_SLACK` of rounding), no more
     tokens than `max_new_tokens`, one log-prob per token. A reply that fails is asked for again
     (a fresh sample), like a transient HTTP failure; a request that still fails after its
@@ -70,6 +73,9 @@ from rised_jax.checks import is_int, is_number
 
 log = logging.getLogger(__name__)
 _VERSION_DIR = re.compile(r"^v(\d+)$")
+# Written into every version directory an export creates: pruning and re-exporting delete only
+# directories that hold it, never a `v<N>` someone else put in weight_dir.
+EXPORT_MARKER = ".rised_jax_export"
 # A log-prob may exceed 0 by this much (float32 rounding of a log-softmax near 0), no more.
 LOGPROB_SLACK = 1e-4
 
@@ -163,6 +169,11 @@ def parse_generate_response(response: Any, where: str = "/generate", *,
     raise SGLangError(
         f"{where}: response has no integer list 'output_ids' (got {output_ids!r:.200}); "
         "the client needs a server that returns output_ids (SGLang >= 0.4 native /generate)")
+  if not output_ids:
+    # We ask for no_stop_trim, so even a reply that stops at once holds its stop token: a
+    # reply without a token is one the server broke (and no turn can be built from it).
+    raise SGLangError(f"{where}: output_ids is empty; a reply holds at least one token (the "
+                      "stop token is kept: no_stop_trim=true)")
   if max_new_tokens is not None and len(output_ids) > max_new_tokens:
     raise SGLangError(f"{where}: {len(output_ids)} output tokens for max_new_tokens="
                       f"{max_new_tokens}")
@@ -204,6 +215,11 @@ def parse_generate_response(response: Any, where: str = "/generate", *,
     logprobs.append(logprob)
   return GenerationResult(output_ids=list(output_ids), logprobs=logprobs,
                           finish_reason=_finish_reason(meta_info, where))
+
+
+def _is_export(path: str) -> bool:
+  """Whether `path` is a version directory a weight export wrote (it holds the marker)."""
+  return os.path.isfile(os.path.join(path, EXPORT_MARKER))
 
 
 class SGLangEngine(EngineDefaults):
@@ -411,7 +427,14 @@ class SGLangEngine(EngineDefaults):
 
     def publish():
       if os.path.isdir(target):
+        if not _is_export(target):
+          raise SGLangError(f"{target} exists and was not written by a weight export (no "
+                            f"{EXPORT_MARKER} in it); it is left alone: move it, or give "
+                            "config.rollout.sglang.weight_dir a directory of its own")
         shutil.rmtree(target)
+      with open(os.path.join(staging, EXPORT_MARKER), "w", encoding="utf-8") as marker:
+        marker.write(f"weights version {version}, exported by rised_jax for an SGLang server; "
+                     "deleted by the export's pruning\n")
       os.rename(staging, target)
 
     parallel.on_coordinator(clear_staging, f"clearing {staging}", SGLangError)
@@ -472,10 +495,12 @@ class SGLangEngine(EngineDefaults):
             "or use the in-process engine for on-policy training.")
 
   def _prune_exports(self, keep: str) -> None:
-    """Deletes version directories beyond the newest `keep_versions` (never `keep`)."""
+    """Deletes exported version directories beyond the newest `keep_versions` (never `keep`,
+    never one without the export marker)."""
     versions = sorted(
         (int(match.group(1)), name) for name in os.listdir(self.weight_dir)
-        if (match := _VERSION_DIR.match(name)))
+        if (match := _VERSION_DIR.match(name))
+        and _is_export(os.path.join(self.weight_dir, name)))
     others = [name for _, name in versions if os.path.join(self.weight_dir, name) != keep]
     for name in others[:max(0, len(others) - (self.keep_versions - 1))]:
       shutil.rmtree(os.path.join(self.weight_dir, name), ignore_errors=True)

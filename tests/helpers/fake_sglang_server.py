@@ -31,6 +31,10 @@ Replies that follow the schema but are impossible (the client must reject them):
   "nan_logprob", "positive_logprob"   the first log-prob is NaN (JSON NaN) or +50
   "too_many"             54 tokens, whatever max_new_tokens asked for (counts consistent)
   "short_logprobs"       one output_token_logprobs entry fewer than output_ids
+  "empty"                no token at all, finish_reason "stop" (issue 23: impossible with
+                         no_stop_trim, which keeps the stop token)
+A reply too large to read (the client must stop at its cap):
+  "huge"                 a valid reply padded with `huge_bytes` bytes of text
 """
 from __future__ import annotations
 
@@ -64,7 +68,7 @@ UPDATE_WEIGHTS_KEYS = frozenset({
 FAULTS = frozenset({"http500", "http400", "drop", "delay", "truncate", "bad_json",
                     "no_output_ids", "wrong_ids", "abort", "http429", "http408", "http503",
                     "drip", "bad_token", "nan_logprob", "positive_logprob", "too_many",
-                    "short_logprobs"})
+                    "short_logprobs", "empty", "huge"})
 ERROR_FAULTS = {"http500": 500, "http400": 400, "http429": 429, "http408": 408, "http503": 503}
 TOO_MANY = 54
 SNAPSHOT_LEN = 50
@@ -132,7 +136,7 @@ class FakeSGLangServer:
   def __init__(self, *, vocab_size: int = 1000, eos_token_id: int | None = None,
                special_token_ids: tuple[int, ...] = (), generate_delay_s: float = 0.0,
                delay_s: float = 2.0, logprob_snapshots: bool = False, drip_s: float = 0.05,
-               retry_after: str | None = None,
+               retry_after: str | None = None, huge_bytes: int = 1 << 20,
                has_weight_endpoint: bool = True,
                weight_loader: Callable[[str], None] | None = None):
     self.vocab_size = vocab_size
@@ -143,6 +147,7 @@ class FakeSGLangServer:
     self.logprob_snapshots = logprob_snapshots
     self.drip_s = drip_s
     self.retry_after = retry_after   # Retry-After header of injected 429/408/503 answers
+    self.huge_bytes = huge_bytes     # padding of an injected "huge" reply
     self.has_weight_endpoint = has_weight_endpoint
     self.weight_loader = weight_loader   # called with model_path; raising = a failed load
     self.model_path = "/fake/model"
@@ -266,6 +271,12 @@ class FakeSGLangServer:
                                 "output_ids": output_ids, "meta_info": meta_info}
     if fault == "no_output_ids":
       del response["output_ids"]
+    if fault == "empty":
+      response["output_ids"], response["text"] = [], ""
+      meta_info.update(completion_tokens=0, output_token_logprobs=[],
+                       finish_reason={"type": "stop", "matched": None})
+    if fault == "huge":
+      response["text"] = "x" * self.huge_bytes
     return response
 
   def _update_weights(self, body: Any) -> tuple[int, dict[str, Any]]:
