@@ -89,6 +89,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.sglang = ml_collections.ConfigDict()
   c.rollout.sglang.timeout_s = 600.0       # deadline of one HTTP request as a whole
   c.rollout.sglang.retries = 3             # retries of a failed or invalid request
+  c.rollout.sglang.max_reply_bytes = 64 << 20   # largest reply read; a larger one fails its request
   # Where weight sync exports each version for the server to load: a directory on a filesystem
   # the SGLang host reads ("" = <workdir>/weights; needed when the workdir is a bucket URL).
   c.rollout.sglang.weight_dir = ""
@@ -460,6 +461,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rollout.sglang.timeout_s": ((lambda v: is_number(v) and v > 0),
                                  "a finite number of seconds > 0 (the deadline of one request)"),
     "rollout.sglang.retries": _int_at_least(0),
+    "rollout.sglang.max_reply_bytes": (_int_at_least(1)[0], "an integer >= 1 (bytes)"),
     "judge.max_new_tokens": _int_at_least(1),
     "select.pool_groups": _int_at_least(1),
     "select.batch_groups": _int_at_least(1),

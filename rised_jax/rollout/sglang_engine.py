@@ -240,12 +240,15 @@ class SGLangEngine(EngineDefaults):
     tokenizer: written next to the weights (the exporter needs it).
     export_dtype: dtype of the exported weights (None: the exporter's default).
     keep_versions: how many exported versions stay on disk (the loaded one always stays).
+    max_reply_bytes: the largest reply body read (`http_retry`); a larger reply fails its
+      request (not retried: the same request gets the same reply).
   """
 
   def __init__(self, base_url: str, *, max_concurrency: int = 8, timeout_s: float = 600.0,
                max_retries: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 30.0,
                vocab_size: int | None = None, weight_dir: str | None = None,
-               tokenizer: Any = None, export_dtype: str | None = None, keep_versions: int = 2):
+               tokenizer: Any = None, export_dtype: str | None = None, keep_versions: int = 2,
+               max_reply_bytes: int = http_retry.DEFAULT_MAX_REPLY_BYTES):
     parsed = urllib.parse.urlparse(base_url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
       raise ValueError(f"SGLangEngine base_url must look like http://HOST:PORT, got {base_url!r}")
@@ -262,6 +265,7 @@ class SGLangEngine(EngineDefaults):
                        "exports from a filesystem path, not a URL; give a local or shared "
                        "directory (config.rollout.sglang.weight_dir when the workdir is a "
                        "bucket)")
+    self.max_reply_bytes = http_retry.check_max_reply_bytes("SGLangEngine", max_reply_bytes)
     self.base_url = base_url.rstrip("/")
     self.max_concurrency = max_concurrency
     self.timeout_s = float(timeout_s)
@@ -295,8 +299,9 @@ class SGLangEngine(EngineDefaults):
     log.info("SGLang: retry in %.2f s after: %s", wait_s, error)
 
   def _call_json(self, method: str, path: str, payload: Any = None) -> Any:
-    return self._retry(lambda: http_retry.request_json(method, self._url(path), payload,
-                                                       timeout_s=self.timeout_s))
+    return self._retry(lambda: http_retry.request_json(
+        method, self._url(path), payload, timeout_s=self.timeout_s,
+        max_reply_bytes=self.max_reply_bytes))
 
   def close(self) -> None:
     """Waits for in-flight requests and releases the worker threads."""
@@ -314,7 +319,8 @@ class SGLangEngine(EngineDefaults):
     """True when GET /health answers 200; False when the server is down or unhealthy.
     One try, no retries: this is what a caller polls."""
     try:
-      http_retry.request("GET", self._url("/health"), timeout_s=min(self.timeout_s, 5.0))
+      http_retry.request("GET", self._url("/health"), timeout_s=min(self.timeout_s, 5.0),
+                         max_reply_bytes=self.max_reply_bytes)
     except http_retry.HTTPRequestError:
       return False
     return True
@@ -333,7 +339,8 @@ class SGLangEngine(EngineDefaults):
     are running or queued; that is an SGLangError."""
     try:
       self._retry(lambda: http_retry.request("POST", self._url("/flush_cache"),
-                                             timeout_s=self.timeout_s))
+                                             timeout_s=self.timeout_s,
+                                             max_reply_bytes=self.max_reply_bytes))
     except http_retry.HTTPRequestError as error:
       raise SGLangError(f"SGLang did not flush its cache: {error} (the server refuses while "
                         "requests are in flight; call it between generate() batches)") from error
@@ -356,7 +363,8 @@ class SGLangEngine(EngineDefaults):
     payload = build_generate_payload(request)
 
     def attempt() -> GenerationResult:
-      response = http_retry.request_json("POST", url, payload, timeout_s=self.timeout_s)
+      response = http_retry.request_json("POST", url, payload, timeout_s=self.timeout_s,
+                                         max_reply_bytes=self.max_reply_bytes)
       try:
         return parse_generate_response(response, where,
                                        max_new_tokens=request.params.max_new_tokens,
