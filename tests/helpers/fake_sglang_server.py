@@ -16,7 +16,9 @@ tokens, output_token_logprobs = the first 50 entries followed by all of them.
 
 Faults (`inject(path, fault, times)`) apply to the next `times` calls of that path; a rule
 (`poison(fault, predicate)`) applies that fault to every /generate call whose JSON body the
-predicate accepts, for as long as the server runs (until `reset`):
+predicate accepts, for as long as the server runs (until `reset`); `chaos(rate, kinds, seed,
+predicate)` gives each accepted /generate call, with probability `rate`, a fault drawn
+uniformly from `kinds` (a seeded stream), counting each in `injected`:
   "http500", "http400"   an error status with an SGLang-style message
   "drop"                 close the connection without answering
   "delay"                answer after `delay_s` seconds (meant to exceed the client's timeout)
@@ -42,6 +44,7 @@ import collections
 import http.server
 import json
 import os
+import random
 import threading
 import time
 from typing import Any, Callable
@@ -158,6 +161,8 @@ class FakeSGLangServer:
     self._active_handlers = 0       # requests of any kind being handled
     self._faults: dict[str, collections.deque[str]] = collections.defaultdict(collections.deque)
     self._rules: list[tuple[str, Callable[[Any], bool]]] = []
+    self._chaos: tuple[float, tuple[str, ...], random.Random, Callable[[Any], bool]] | None = None
+    self.injected: collections.Counter[str] = collections.Counter()   # chaos faults sent
     self._lock = threading.Lock()
     self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
     self._httpd.daemon_threads = True
@@ -198,6 +203,13 @@ class FakeSGLangServer:
     with self._lock:
       self._rules.append((fault, predicate))
 
+  def chaos(self, rate: float, kinds: tuple[str, ...], seed: int,
+            predicate: Callable[[Any], bool] = lambda body: True) -> None:
+    if unknown := set(kinds) - FAULTS:
+      raise ValueError(f"unknown faults {sorted(unknown)}; known: {sorted(FAULTS)}")
+    with self._lock:
+      self._chaos = (rate, tuple(kinds), random.Random(seed), predicate)
+
   def calls_to(self, path: str) -> list[Any]:
     """The JSON bodies of the calls to `path`, in order."""
     with self._lock:
@@ -213,6 +225,8 @@ class FakeSGLangServer:
       self.calls.clear()
       self._faults.clear()
       self._rules.clear()
+      self._chaos = None
+      self.injected.clear()
       self.max_in_flight = 0
 
   # -- responses ----------------------------------------------------------------------------
@@ -222,9 +236,15 @@ class FakeSGLangServer:
       queue = self._faults[path]
       if queue:
         return queue.popleft()
-      if path == "/generate":
-        return next((fault for fault, accepts in self._rules if accepts(body)), None)
-      return None
+      if path != "/generate":
+        return None
+      fault = next((fault for fault, accepts in self._rules if accepts(body)), None)
+      if fault is None and self._chaos is not None:
+        rate, kinds, rng, accepts = self._chaos
+        if accepts(body) and rng.random() < rate:
+          fault = rng.choice(kinds)
+          self.injected[fault] += 1
+      return fault
 
   def _generate(self, body: Any, fault: str | None) -> dict[str, Any]:
     _check_generate_request(body, self.vocab_size)

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from rised_jax import evaluate, trainer
+from rised_jax import trainer
 from rised_jax.model import tiny
-from rised_jax.tasks import TaskStream
 from tests.helpers.fake_sglang_server import FakeSGLangServer
 from tests.helpers.fault_envs import faulty
-from tests.helpers.run_fixtures import load_config_file
+from tests.helpers.run_fixtures import load_config_file, training_tasks
 
 CONFIG = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "tiny_cpu.py"
 WORDY = "wordy"   # an alias of the plug-in, as a user's config names one
@@ -39,17 +38,6 @@ def base_config(model_dir: Path, env: str, difficulty: dict):
   config.train.steps = 2
   config.eval.episodes_per_env = 3
   return config
-
-
-def training_tasks(config):
-  """The tasks of each training step, replayed from the config (the trainer's stream)."""
-  difficulty = config.envs.difficulty.to_dict()
-  held_out = evaluate.eval_tasks(config.envs.names, difficulty, config.eval.episodes_per_env,
-                                 config.eval.seed_offset)
-  stream = TaskStream(config.envs.names, difficulty, seed=config.seed,
-                      eval_seed_offset=config.eval.seed_offset,
-                      exclude=evaluate.instance_keys(held_out))
-  return held_out, [stream.next(config.select.pool_groups) for _ in range(config.train.steps)]
 
 
 def test_a_run_whose_server_sends_an_empty_reply_every_10th_request_finishes(tmp_path):

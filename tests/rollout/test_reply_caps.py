@@ -4,9 +4,6 @@ item 4): the SGLang engine and the remote environments. A 512 MB reply used to b
 Loopback servers only."""
 from __future__ import annotations
 
-import http.server
-import threading
-
 import pytest
 
 from rised_jax.envs.remote import RemoteEnvironment
@@ -14,12 +11,13 @@ from rised_jax.rollout import http_retry
 from rised_jax.rollout.base import GenerationRequest, SamplingParams
 from rised_jax.rollout.sglang_engine import SGLangEngine, SGLangError
 from tests.helpers.fake_sglang_server import FakeSGLangServer
+from tests.helpers.loopback import Loopback, QuietHandler
 
 MIB = 1 << 20
 GREEDY = SamplingParams(max_new_tokens=4, temperature=0.0)
 
 
-class FloodServer:
+class FloodServer(Loopback):
   """Answers every POST with one JSON string of `total` bytes: announced (Content-Length) or
   chunked without a length; counts the bytes it got out before the client hung up."""
 
@@ -27,12 +25,7 @@ class FloodServer:
     self.total, self.announce, self.sent = total, announce, 0
     server = self
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-      protocol_version = "HTTP/1.1"
-
-      def log_message(self, *args):
-        pass
-
+    class Handler(QuietHandler):
       def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         self.send_response(200)
@@ -57,21 +50,7 @@ class FloodServer:
           pass   # the client stopped reading at its cap
         self.close_connection = True
 
-    self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    self.httpd.daemon_threads = True
-    self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
-
-  @property
-  def url(self) -> str:
-    return "http://127.0.0.1:%d" % self.httpd.server_address[1]
-
-  def __enter__(self):
-    self.thread.start()
-    return self
-
-  def __exit__(self, *exc):
-    self.httpd.shutdown()
-    self.httpd.server_close()
+    super().__init__(Handler)
 
 
 def test_read_capped_stops_reading_at_the_cap():

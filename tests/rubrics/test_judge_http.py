@@ -5,24 +5,24 @@ google-genai clients: an overall deadline per attempt (a 1-byte drip held the op
 localhost where the judge was given 127.0.0.1."""
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 import time
 
 import pytest
 
-from rised_jax.rubrics import GeminiJudge, JudgeError, OpenAICompatibleJudge, Vocabulary
+from rised_jax.rubrics import GeminiJudge, JudgeError, OpenAICompatibleJudge
 from rised_jax.rubrics import judge_http
 from tests.helpers.fake_genai_server import FakeGenaiServer, RecordedRequest
 from tests.helpers.fake_openai_server import FakeOpenAIServer
-from tests.rubrics.test_llm_judges import (FAST_RETRY, MODEL, SECRET, all_unjudged,
-                                           check_verdicts, make_groups, scripted)
+from tests.helpers.loopback import Loopback, QuietHandler
+from tests.rubrics.test_llm_judges import (  # noqa: F401 - the fixtures, by name
+    FAST_RETRY, MODEL, SECRET, all_unjudged, check_verdicts, gemini_key, make_groups,
+    openai_key, scripted, vocab)
 
 MIB = 1 << 20
 
 
-class GuardProbe:
+class GuardProbe(Loopback):
   """A loopback judge server that answers as `fake` (the openai or genai fake) would, sent in
   the way `mode` says: "ok"; "drip" (the body one byte every `drip_s`), "drip_headers" (the
   status line and headers so); "huge" (the answer padded past 2 MiB); "redirect" (HTTP 307 to
@@ -35,22 +35,16 @@ class GuardProbe:
     self.total = 0
     probe = self
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-      protocol_version = "HTTP/1.1"
-
-      def log_message(self, *args):
-        pass
-
+    class Handler(QuietHandler):
       def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         request = RecordedRequest("POST", self.path, {k.lower(): v for k, v in
                                                       self.headers.items()}, json.loads(raw))
         probe.requests.append(request)
         if probe.mode == "redirect" and not self.path.startswith("/moved"):
-          port = probe.httpd.server_address[1]
-          head = (f"HTTP/1.1 307 Temporary Redirect\r\nLocation: "
-                  f"{probe.location.format(port=port)}{self.path}\r\nContent-Length: 0\r\n\r\n")
-          self.wfile.write(head.encode())
+          target = probe.location.format(port=probe.port) + self.path
+          self.wfile.write(f"HTTP/1.1 307 Temporary Redirect\r\nLocation: {target}\r\n"
+                           "Content-Length: 0\r\n\r\n".encode())
           return
         status, payload, *_ = probe.fake.respond(
             RecordedRequest("POST", self.path.removeprefix("/moved"), request.headers,
@@ -62,47 +56,28 @@ class GuardProbe:
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
         data = head + body
         probe.total = len(data)
-        start = len(head) if probe.mode == "drip" else 0
-        slow = len(data) if probe.mode == "drip" else len(head)
+        # What is dripped: the body ("drip") or the status line and headers ("drip_headers").
+        slow = {"drip": (len(head), len(data)), "drip_headers": (0, len(head))}.get(
+            probe.mode, (0, 0))
         try:
-          self.wfile.write(data[:start])
-          probe.sent = start
-          for k in range(start, len(data)):
+          self.wfile.write(data[:slow[0]])
+          probe.sent = slow[0]
+          for k in range(*slow):
             self.wfile.write(data[k:k + 1])
             self.wfile.flush()
             probe.sent = k + 1
-            if probe.mode in ("drip", "drip_headers") and k < slow:
-              time.sleep(probe.drip_s)
+            time.sleep(probe.drip_s)
+          self.wfile.write(data[slow[1]:])
+          probe.sent = len(data)
         except OSError:
           pass   # the client hung up
 
-    self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    self.httpd.daemon_threads = True
-    self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
-
-  @property
-  def url(self) -> str:
-    return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-  def __enter__(self):
-    self.thread.start()
-    return self
-
-  def __exit__(self, *exc):
-    self.httpd.shutdown()
-    self.httpd.server_close()
-
-
-@pytest.fixture(scope="module")
-def vocab():
-  return Vocabulary.load("agentic_v1")
+    super().__init__(Handler)
 
 
 @pytest.fixture
-def keys(monkeypatch):
-  monkeypatch.setenv("GEMINI_API_KEY", SECRET)
-  monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
-  monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+def keys(gemini_key, openai_key):
+  del gemini_key, openai_key   # both set (test_llm_judges' fixtures)
 
 
 BACKENDS = {
