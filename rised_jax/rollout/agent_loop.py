@@ -79,6 +79,7 @@ log = logging.getLogger(__name__)
 
 # A reward beyond this is a broken environment, not a signal (built-ins give rewards near 1).
 DEFAULT_MAX_ABS_REWARD = 1e6
+_FLOAT32_MAX = float(np.finfo(np.float32).max)   # a Python float: comparing casts nothing
 
 
 class EnvironmentFailure(RuntimeError):
@@ -169,7 +170,7 @@ class AgentLoop:
       raise ValueError(f"AgentLoop: stop_strings must be a list of non-empty strings, "
                        f"got {stop_strings!r}")
     self.stop_strings = tuple(stop_strings)
-    if not (is_number(max_abs_reward) and 0 < max_abs_reward <= np.finfo(np.float32).max):
+    if not (is_number(max_abs_reward) and 0 < max_abs_reward <= _FLOAT32_MAX):
       raise ValueError(f"AgentLoop: max_abs_reward must be a number in (0, float32 max], got "
                        f"{max_abs_reward!r}")
     self.max_abs_reward = float(max_abs_reward)
@@ -322,13 +323,12 @@ class AgentLoop:
     return started
 
   def _check_reward(self, reward: float) -> None:
-    """ValueError when a step reward is outside the reward bound (module docstring)."""
-    with np.errstate(over="ignore"):
-      trained = np.float32(reward)
-    if not np.isfinite(trained) or abs(reward) > self.max_abs_reward:
-      raise ValueError(f"step reward {reward!r} is outside the reward bound: expected a value "
-                       f"finite in float32 with |reward| <= max_abs_reward="
-                       f"{self.max_abs_reward:g}")
+    """ValueError when a step reward is outside the reward bound (module docstring). The bound
+    is at most float32's largest value, so a reward within it stays finite in float32."""
+    if not abs(reward) <= self.max_abs_reward:   # also NaN
+      raise ValueError(f"step reward {reward!r} is outside the reward bound: expected "
+                       f"|reward| <= max_abs_reward={self.max_abs_reward:g} (and finite in "
+                       "float32, the dtype it is trained in)")
 
   def _request(self, episode: _Episode, seed: int) -> GenerationRequest:
     room = self.max_total_tokens - len(episode.token_ids)
