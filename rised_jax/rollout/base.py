@@ -1,9 +1,9 @@
 """The engine protocol: everything the rollout stages ask of a sampler (in-process or SGLang).
 
 `Engine` declares all of it (generation, weight sync, the request limits, the prefix cache,
-the retry and failure counters); `EngineDefaults` gives an engine without fixed shapes, prefix cache or
-server (SGLang's client, the tests' fakes) the answers that mean "none", so callers never probe
-an engine for what it has.
+the retry and failure counters); `EngineDefaults` gives an engine without fixed shapes, prefix
+cache or server (SGLang's client, the tests' fakes) the answers that mean "none", so callers
+never probe an engine for what it has.
 """
 from __future__ import annotations
 

@@ -10,8 +10,6 @@ import math
 import threading
 from pathlib import Path
 
-import pytest
-
 from rised_jax import trainer
 from rised_jax.model import tiny
 from tests.helpers.fake_sglang_server import FakeSGLangServer
