@@ -32,7 +32,8 @@ INSTALL_REQUIRES = [
 
 EXTRAS_REQUIRE = {
     # LLM judges at scale: Gemini through google-genai, any OpenAI-compatible server (SGLang).
-    "judge": ["google-genai~=3.6.1", "openai~=3.57.0"],
+    # httpx2: the judges' own transport (rubrics/judge_http.py: deadline, same-host redirects).
+    "judge": ["google-genai~=3.6.1", "openai~=3.57.0", "httpx2~=2.16"],
     # Notebooks and their plots.
     "notebooks": ["matplotlib>=3.11,<4", "nbclient~=0.11.0", "nbformat>=5.11,<6",
                   "ipykernel>=7.4,<8", "nbconvert>=7.17,<8"],

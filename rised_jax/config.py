@@ -76,6 +76,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.envs.names = ["sokoban", "frozenlake", "countdown", "maze"]
   c.envs.difficulty = ml_collections.ConfigDict()   # per env name: {knob: value}
   c.envs.max_turns = 0                               # 0: each environment's own
+  # The reward bound: a step reward with |r| above it, or not finite in float32, is an
+  # environment error (its group is dropped and counted in rollout/env_errors).
+  c.envs.max_abs_reward = 1e6
   # name -> "package.module:Class": plug-ins under short names (no dots), one class
   # under several names with their own difficulty (docs/environments.md).
   c.envs.aliases = ml_collections.ConfigDict()
@@ -86,6 +89,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.sglang = ml_collections.ConfigDict()
   c.rollout.sglang.timeout_s = 600.0       # deadline of one HTTP request as a whole
   c.rollout.sglang.retries = 3             # retries of a failed or invalid request
+  c.rollout.sglang.max_reply_bytes = 64 << 20   # largest reply read; a larger one fails its request
   # Where weight sync exports each version for the server to load: a directory on a filesystem
   # the SGLang host reads ("" = <workdir>/weights; needed when the workdir is a bucket URL).
   c.rollout.sglang.weight_dir = ""
@@ -450,6 +454,8 @@ def _sizes(min_len: int) -> tuple[Callable[[Any], bool], str]:
 VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": _int_at_least(0),
     "envs.max_turns": (_int_at_least(0)[0], "an integer >= 0 (0: each environment's own)"),
+    "envs.max_abs_reward": ((lambda v: is_number(v) and 0 < v <= 3.4e38),
+                            "a number in (0, 3.4e38] (the largest |step reward| accepted)"),
     "rollout.temperature": (_number_at_least(0)[0], "a finite number >= 0 (0: greedy)"),
     "rollout.top_p": ((lambda v: is_number(v) and 0 < v <= 1), "a number in (0, 1]"),
     "rollout.top_k": (_int_at_least(0)[0], "an integer >= 0 (0: no top-k)"),
@@ -463,6 +469,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rollout.sglang.timeout_s": ((lambda v: is_number(v) and v > 0),
                                  "a finite number of seconds > 0 (the deadline of one request)"),
     "rollout.sglang.retries": _int_at_least(0),
+    "rollout.sglang.max_reply_bytes": (_int_at_least(1)[0], "an integer >= 1 (bytes)"),
     "judge.max_new_tokens": _int_at_least(1),
     "select.pool_groups": _int_at_least(1),
     "select.batch_groups": _int_at_least(1),

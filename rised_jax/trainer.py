@@ -177,6 +177,7 @@ def _engine(config: ml_collections.ConfigDict, model, tokenizer):
                       weight_dir=_weight_dir(config),
                       timeout_s=config.rollout.sglang.timeout_s,
                       max_retries=config.rollout.sglang.retries,
+                      max_reply_bytes=config.rollout.sglang.max_reply_bytes,
                       vocab_size=model.cfg.vocab_size,
                       export_dtype=config.model.compute_dtype)
 

@@ -6,10 +6,11 @@ import importlib.util
 import json
 from pathlib import Path
 
-from rised_jax import compare
+from rised_jax import compare, evaluate
 from rised_jax.model import tiny
 from rised_jax.pipelines.agentic import AgenticPipeline
 from rised_jax.rollout.base import GenerationResult
+from rised_jax.tasks import TaskStream
 from tests.helpers.fake_engine import FakeEngine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,6 +24,18 @@ def load_config_file(path: Path, arg: str):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(arg)
+
+
+def training_tasks(config):
+  """(the held-out evaluation tasks, the tasks of each training step), replayed from the
+  config as the trainer draws them: the oracle of the tests that count a run's faults."""
+  difficulty = config.envs.difficulty.to_dict()
+  held_out = evaluate.eval_tasks(config.envs.names, difficulty, config.eval.episodes_per_env,
+                                 config.eval.seed_offset)
+  stream = TaskStream(config.envs.names, difficulty, seed=config.seed,
+                      eval_seed_offset=config.eval.seed_offset,
+                      exclude=evaluate.instance_keys(held_out))
+  return held_out, [stream.next(config.select.pool_groups) for _ in range(config.train.steps)]
 
 
 class RecordingEngine(FakeEngine):
