@@ -35,6 +35,8 @@ DESCRIPTIONS: dict[str, str | tuple[str, str]] = {
     "envs.difficulty": "per environment name, its constructor's keyword arguments "
                        "(`{'maze': {'width': 3}}`)",
     "envs.max_turns": "turn budget of an episode; 0 keeps each environment's own",
+    "envs.max_abs_reward": "largest |reward| an environment step may return; a larger one (or a "
+                           "non-finite one) is an environment error and drops its group",
     "envs.aliases": "short name -> `package.module:Class`, to register a plug-in (one class may "
                     "appear under several names with their own difficulty)",
 
@@ -44,6 +46,8 @@ DESCRIPTIONS: dict[str, str | tuple[str, str]] = {
     "rollout.sglang_url": "base URL of the SGLang server",
     "rollout.sglang.timeout_s": "deadline of one HTTP request to the server as a whole "
                                 "(connect, headers and body), seconds",
+    "rollout.sglang.max_reply_bytes": "largest SGLang reply read, bytes; a larger one fails its "
+                                      "request (not retried)",
     "rollout.sglang.retries": "retries of a failed or invalid server request before its group "
                               "is dropped",
     "rollout.sglang.weight_dir": "directory the SGLang host reads where weight sync exports "
@@ -130,6 +134,8 @@ DESCRIPTIONS: dict[str, str | tuple[str, str]] = {
     "step.flip_tau": "τ_flip of the flip rule",
     "step.chunk": "sequence chunk of the fused logits scan, tokens",
     "step.micro_batches": "gradient-accumulation micro-batches per step",
+    "step.max_update_ratio": "update-size guard: a step whose update has ‖Δθ‖ > this × ‖θ‖ is "
+                             "skipped and counted (train/skipped_large_update)",
 
     # optim (learn.train_step.OptimizerConfig)
     "optim.learning_rate": "AdamW peak learning rate",
