@@ -13,7 +13,7 @@ layouts are only 25 situations (first observation and winning plan, `envs.base`)
 out, 13 left to train on. Their winning first moves differ (forward 6, turn right 4, turn left
 2), so the policy must read the observation; a blind policy (one action sequence for every
 instance) wins at most 6 of the 12. RISED rolls out K = 4B candidate groups, as every RISED
-config (docs/changes/selector.md). "signpost" is the learning test's setting: the
+config (docs/rised.md). "signpost" is the learning test's setting: the
 plug-in game tests.learning_envs:Signpost (one move, named by the observation in words, which
 is all there is to the game; 64 of its 256 instances held out, the best constant move wins
 about a third of them). "smoke" holds out 4 FrozenLake maps and 4 of the 24 situations of its

@@ -1,7 +1,7 @@
 """The fault soak (benchmarks/soak_faults.py, issue 23) at a few steps: a tiny run against the
 loopback SGLang fake that faults a fixed share of the training requests with a random mix of
 kinds finishes, and its step counters add up to exactly the faults the server injected. The
-200-step figures (and the memory) are in docs/changes/faults.md."""
+200-step figures (and the memory) are in docs/performance.md."""
 from __future__ import annotations
 
 import pytest
