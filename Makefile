@@ -51,7 +51,8 @@ lock:
 	{ sed -n '/^#/p' $(LOCK); $(PY) -m pip freeze --exclude-editable | grep -v '^rised.jax=='; } > $(LOCK).new
 	mv $(LOCK).new $(LOCK)
 
+# No --quiet: under it --strict no longer fails on the plugins' warnings (mkdocstrings, autorefs).
 docs:
 	$(PIP) -e ".[docs]"
 	$(PY) -m rised_jax.config_reference > docs/config.md
-	$(PY) -m mkdocs build --strict --quiet
+	$(PY) -m mkdocs build --strict

@@ -108,8 +108,8 @@ def untagged_fraction(tags: GroupTags) -> float:
 
 def matching_features(profiles: np.ndarray, direction_weight: float,
                       direction_target: float) -> tuple[np.ndarray, np.ndarray]:
-  """The features composition matching compares and their target: ψ_g = [φ_g, α·φ_g/‖φ_g‖]
-  [K, 2D] toward [φ̄, α·c·mean_g φ_g/‖φ_g‖] (α = direction_weight, c = direction_target)."""
+  """The features composition matching compares and their target: ψ_g = [φ_g, α·φ_g/‖φ_g‖],
+  shape [K, 2D], toward [φ̄, α·c·mean_g φ_g/‖φ_g‖] (α = direction_weight, c = direction_target)."""
   directions = unit_rows(profiles)
   features = np.concatenate([profiles, direction_weight * directions], axis=1)
   target = np.concatenate([profiles.mean(0), direction_weight * direction_target
