@@ -104,7 +104,7 @@ class StepConfig:
   flip_alpha: float = 0.1
   flip_tau: float = 0.1
   # The update-size guard: a step whose update has ‖Δθ‖ > max_update_ratio · ‖θ‖ is skipped
-  # (`update_is_acceptable`). Healthy runs measure far below 1 (docs/changes/guards.md).
+  # (`update_is_acceptable`). Healthy runs measure far below 1 (docs/running.md#the-update-size-guard).
   max_update_ratio: float = 1.0
   # execution
   chunk: int = 256

@@ -46,4 +46,4 @@ def check_config(config: Any) -> None:
     warnings.warn(f"config.select.name='rised' with pool_groups == batch_groups == "
                   f"{config.select.batch_groups}: every group is trained on, so profile "
                   "selection does nothing (the shipped configs roll out pool_groups = 4 * "
-                  "batch_groups; docs/changes/selector.md)", stacklevel=3)
+                  "batch_groups; docs/rised.md#selection)", stacklevel=3)

@@ -22,7 +22,7 @@ sim(φ_g, φ_s)` (0 while S is empty):
   Σ_{s∈S} cos(g, s) − c·(|S| + 1)·mean_pool cos(g, ·), an MMR with *mean* redundancy and λ ≈
   1/c. A batch whose mean direction equals the pool's has mean pairwise cosine (B‖ū‖² − 1) /
   (B − 1), below the pool's; c < 1 aims slightly more diverse, so the greedy batch is no more
-  redundant than a random one (measured: docs/changes/selector.md).
+  redundant than a random one (measured: docs/performance.md#selection-against-the-pool).
 - "mmr", maximal marginal relevance:
       argmax_g  sim(φ_g, φ̄) − λ·redundancy(g)
   With λ = 2 the max-redundancy term outweighs alignment once S covers the main behaviours,
