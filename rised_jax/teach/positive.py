@@ -161,6 +161,12 @@ def positive_teacher_prefix(system_prompt: str, index: int, pool: Sequence[Group
   return template.render(system_prompt=system_prompt, behaviours=behaviours).rstrip(), positives
 
 
+def teacher_prompt_ids(chat, prefix: str, first_observation: str) -> list[int]:
+  """The teacher's prompt ids for a group: its prefix as the system message, the group's first
+  observation as the user turn (a `ChatFormat`'s prompt, reply prefix included)."""
+  return chat.prompt_ids(prefix, first_observation)
+
+
 class PositiveTeacher:
   """Builds teacher prefixes for selected groups and keeps the per-environment memory."""
 
