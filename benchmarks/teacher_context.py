@@ -31,15 +31,14 @@ from typing import Callable
 
 import numpy as np
 
-from rised_jax import envs
+from rised_jax import envs, warmstart
 from rised_jax.model import from_pretrained, tiny
 from rised_jax.rollout.chat import ChatFormat
 from rised_jax.rubrics import Vocabulary
 from rised_jax.teach import action_mass, positive
 from rised_jax.types import Group, GroupTags, Task, Trajectory
 
-ENV = "frozenlake"
-DIFFICULTY = dict(size=3, holes=1, min_distance=1, max_turns=1)
+ENV, DIFFICULTY = warmstart.ENV, warmstart.DIFFICULTY   # one-move 3x3 FrozenLake
 REPLY_PREFIX = "<answer>"          # experiments/configs/smollm2_cpu.py's rollout.reply_prefix
 STOCK_POSITIVES = ("valid_syntax", "makes_progress", "efficient")
 
@@ -68,20 +67,10 @@ CANDIDATES: dict[str, Candidate] = {
 
 
 def instances(count: int):
-  """(system prompt, first observation, winning move) of `count` one-move instances."""
-  rows = []
-  for seed in range(count):
-    env = envs.make(ENV, **DIFFICULTY)
-    observation = env.reset(seed)
-    wins = []
-    for move in env.action_space():
-      probe = envs.make(ENV, **DIFFICULTY)
-      probe.reset(seed)
-      _, _, _, info = probe.step(envs.format_answer(move))
-      if info.get("success"):
-        wins.append(move)
-    rows.append((env.system_prompt, observation, wins[0]))
-  return rows, env.action_space()
+  """(system prompt, first observation, winning move) of `count` one-move instances, and the
+  moves."""
+  rows = [warmstart.instance(seed) for seed in range(count)]
+  return [(s, o, wins[0]) for s, o, _, wins in rows], envs.make(ENV, **DIFFICULTY).action_space()
 
 
 def shipped_prompts(chat: ChatFormat, vocab: Vocabulary, system_prompt: str, observation: str):
