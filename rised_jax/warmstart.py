@@ -3,9 +3,9 @@
 The tiny model (rised_jax.model.tiny) starts random, so a teacher context means nothing to it.
 This stage trains it for a few hundred steps on a synthetic copy task built from the positive
 teacher's own template (rised_jax.teach.positive): the prompt is the teacher prompt of a
-one-move FrozenLake instance whose behaviour list holds "Opens with X" (X a move drawn at
-random, independent of the board, among a random subset of the vocabulary's positive
-descriptions, in random order); the target is the reply `X</answer>` after the reply prefix
+one-move FrozenLake instance whose behaviour list ends with "Opens with X" (X a move drawn at
+random, independent of the board, after a random subset of the vocabulary's positive
+descriptions); the target is the reply `X</answer>` after the reply prefix
 "<answer>", end of turn included. Because X is independent of the board in training, the only
 way to fit the data is to copy the move the rubric line names.
 
@@ -20,6 +20,9 @@ move's token after the teacher prompt whose line names it, minus that after the 
 (no teacher block); the mechanism suite needs it >= 0.3.
 
   python -m rised_jax.warmstart OUT_DIR [--steps 300] [--seed 0] [--batch 16] [--lr 3e-3]
+
+Measured (seed 0, defaults, 2-core CPU, a few minutes): 300 steps give a held-out teacher
+p(win) of 0.992 against the student's 0.069 (difference 0.92, 32 / 32 argmax right).
 
 OUT_DIR is an HF checkpoint (`from_pretrained(OUT_DIR)`, `--config.model.source=OUT_DIR`).
 """

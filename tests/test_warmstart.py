@@ -1,9 +1,11 @@
-"""The warm-start's copy-task data (rised_jax.warmstart): each prompt is the positive teacher's
-prompt with "Opens with X" among its behaviours, the loss covers exactly the reply X</answer>
-and the end of turn, and no training instance is a held-out one."""
+"""The warm-start (rised_jax.warmstart): its copy-task data (each prompt is the positive
+teacher's prompt with "Opens with X" among its behaviours, the loss covers exactly the reply
+X</answer> and the end of turn, no training instance is a held-out one), and its pre-check
+after a short training."""
 import collections
 
 import numpy as np
+import pytest
 
 from rised_jax import warmstart
 from rised_jax.model import tiny
@@ -33,3 +35,16 @@ def test_copy_rows_name_their_target_and_keep_held_out_instances_apart():
   assert set(named) == {"up", "down", "left", "right"}   # the named move varies
   assert len(data.held_out_keys) == 8
   assert not {data.training_instance()[2] for _ in range(100)} & data.held_out_keys
+
+
+@pytest.mark.slow
+def test_warm_start_makes_the_teacher_line_raise_the_winning_move():
+  """The pre-check the mechanism suite needs: after 300 steps, on held-out instances, the
+  teacher prompt naming the winning move gives it >= 0.3 more probability than the student
+  prompt (measured: 0.84 after 450 steps, seed 0; the loss falls between steps 150 and 250)."""
+  model, tokenizer, data, losses = warmstart.train(steps=300, seed=0, batch_size=16,
+                                                   learning_rate=3e-3, log_every=0)
+  assert np.isfinite(losses).all()
+  check = warmstart.precheck(model, tokenizer, data)
+  assert check["teacher_minus_student"] >= 0.3, check
+  assert check["teacher_argmax_wins"] >= 0.75 * check["held_out"], check
