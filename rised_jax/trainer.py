@@ -476,6 +476,8 @@ def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) 
       record = p.select(record)
     with timer("teacher"):
       record = p.teach(record)
+      # before the update: the policy the step distils under (teacher/valid_action_mass_ratio)
+      metrics.update(p.teacher_metrics(record, run.trainable.compute_model(run.state)))
     with timer("batch"):
       batch = assemble(run, p.rows(record))
     with timer("step"):

@@ -67,9 +67,9 @@ def test_generic_teacher_lists_task_agnostic_advice_for_the_same_groups():
   losers, loser_tags = _group(1, [0, 0], ["gave_up"], vocab, env="sokoban")   # no positives anywhere
   prefix, positives = positive_teacher_prefix("SYS", 0, [winners], [winner_tags], vocab,
                                               context="generic")
-  assert prefix == ("SYS\n\nBehaviours that succeed here:\n"
+  assert prefix == ("Behaviours that succeed here:\n"
                     "- Reads the task and the latest observation carefully\n"
-                    "- Chooses each action to get closer to the goal")
+                    "- Chooses each action to get closer to the goal\n\nSYS")
   assert positives.tags == ("efficient",)   # the chain still decides who gets a teacher
   rubric = PositiveTeacher(vocab)
   generic = PositiveTeacher(vocab, context="generic")

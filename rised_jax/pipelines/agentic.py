@@ -18,6 +18,14 @@ of the best rule that predicts a rollout's success from its tag vector (exact de
 predicting the majority outcome reaches: profiles carry information of their own only where
 the first stays well below 1.
 
+With a teacher, `teacher_metrics(record, model)` (the trainer calls it between the teach stage
+and the update, on the live policy) logs teacher/valid_action_mass_ratio and the two masses it
+divides, teacher/valid_action_mass and teacher/student_valid_action_mass: the probability of
+a valid action's first token after the teacher's and the student's prompts, over the chosen
+groups with a teacher whose environment lists its actions (exact definition in
+`rised_jax.teach.action_mass`). Below 1, the teacher context pulls the student off the action
+format.
+
 A rollout group spoilt by a failed engine request or an environment error is dropped from the
 pool (`AgentLoop`); the step's metrics count it with the engine's retries, the errored episodes
 and the rollouts the judge left unjudged (`rollout/groups_dropped`, `rollout/server_retries`,
@@ -43,6 +51,7 @@ from rised_jax.rollout.agent_loop import AgentLoop
 from rised_jax.rollout.base import SamplingParams
 from rised_jax.rollout.text import judge_options
 from rised_jax.rubrics import rule_judge
+from rised_jax.teach import action_mass, positive
 from rised_jax.types import Group, GroupTags
 
 log = logging.getLogger(__name__)
@@ -209,15 +218,43 @@ class AgenticPipeline:
     return dataclasses.replace(record, teacher_prefixes=tuple(prefixes), teacher_sources={
         f"teacher/{k}": float(v) for k, v in sources.items()})
 
+  def teacher_metrics(self, record: AgenticStep, model) -> dict[str, float]:
+    """teacher/valid_action_mass_ratio and its two means under `model` (module docstring);
+    {} when no chosen group has both a teacher and an enumerable action space."""
+    student, teacher, valid = [], [], []
+    for i, teacher_prefix in zip(record.chosen, record.teacher_prefixes):
+      if teacher_prefix is None:
+        continue
+      ids = action_mass.task_first_action_token_ids(self.loop.tokenizer, record.pool[i].task,
+                                                    self.loop.chat.reply_prefix)
+      if ids is not None:
+        plain, teacher_ids = self._prompts(record.pool[i], teacher_prefix)
+        student.append(plain)
+        teacher.append(teacher_ids)
+        valid.append(ids)
+    if not valid:
+      return {}
+    logits = action_mass.next_token_logits(model, student + teacher)
+    mass = np.asarray([action_mass.valid_action_mass(row, valid[k % len(valid)])
+                       for k, row in enumerate(logits)])
+    student_mass, teacher_mass = mass[:len(valid)], mass[len(valid):]
+    return {"teacher/valid_action_mass_ratio": action_mass.mass_ratio(teacher_mass, student_mass),
+            "teacher/valid_action_mass": float(teacher_mass.mean()),
+            "teacher/student_valid_action_mass": float(student_mass.mean())}
+
+  def _prompts(self, group: Group, teacher_prefix: str | None) -> tuple[list[int], list[int] | None]:
+    """The group's hint-free student prompt and its teacher prompt (None without a teacher)."""
+    chat = self.loop.chat
+    teacher_ids = (None if teacher_prefix is None
+                   else positive.teacher_prompt_ids(chat, teacher_prefix, group.first_observation))
+    return chat.prompt_ids(group.system_prompt, group.first_observation), teacher_ids
+
   def rows(self, record: AgenticStep) -> list[Row]:
     rows = []
-    chat = self.loop.chat
     prefixes = record.teacher_prefixes or (None,) * len(record.chosen)
     for i, teacher_prefix in zip(record.chosen, prefixes, strict=True):
       group = record.pool[i]
-      teacher_ids = (None if teacher_prefix is None
-                     else chat.prompt_ids(teacher_prefix, group.first_observation))
-      plain_prefix = chat.prompt_ids(group.system_prompt, group.first_observation)
+      plain_prefix, teacher_ids = self._prompts(group, teacher_prefix)
       for traj, adv in zip(group.trajectories, record.advantages[i]):
         prefix = (traj.token_ids[:traj.prompt_len] if self.config.guidance.train_with_hint
                   else plain_prefix)

@@ -462,6 +462,12 @@ class RubricPipeline:
                        "cripo/counterfactual_rows": float(counterfactual),
                        "cripo/skipped_empty_answers": float(skipped_empty)})
 
+  def teacher_metrics(self, record: RubricStep, model: Any) -> dict[str, float]:
+    """Nothing: an answer to a rubric question has no enumerable action set to measure the
+    teacher's valid-action mass on (the agentic pipeline's teacher/valid_action_mass_ratio)."""
+    del record, model
+    return {}
+
   def rows(self, record: RubricStep) -> list[Row]:
     """The chosen groups' rows, in pool order."""
     _require(record, "rows", advantages=record.advantages, teacher_ids=record.teacher_ids)

@@ -7,8 +7,15 @@ of the fallback chain that has any:
   3. "memory": positive tags recently seen in successful rollouts of e (`PositiveMemory`);
   4. none:     no teacher; the group gets the policy-gradient loss only.
 Tags are listed most frequent first (count of successful rollouts carrying them; the memory
-ranks by recency), ties in vocabulary order. The teacher prefix is the system prompt followed
-by "Behaviours that succeed here:" and their descriptions (teach/data/positive_prefix.jinja).
+ranks by recency), ties in vocabulary order. The teacher prefix is "Behaviours that succeed
+here:" and their descriptions, then the system prompt (teach/data/positive_prefix.jinja); the
+teacher's prompt is that prefix as the system message and the group's first observation as the
+user turn (`teacher_prompt_ids`). The block goes *before* the system prompt because there it
+keeps the student's action format: with SmolLM2-135M on one-move FrozenLake and the reply prefix
+"<answer>", the probability of a valid move's first token is 0.93x the student prompt's with the
+block first and 0.55x with it after the system prompt, where it stood first (0.52x after the
+observation; benchmarks/teacher_context.py, 32 instances; docs/changes/teacher.md). The
+generic-teacher control renders through the same template.
 
 With `context="generic"` (the control for the rubric content) the same groups get a teacher
 (the chain above still decides which), but the prefix lists `GENERIC_BEHAVIOURS`, advice that
@@ -159,6 +166,12 @@ def positive_teacher_prefix(system_prompt: str, index: int, pool: Sequence[Group
   behaviours = (list(GENERIC_BEHAVIOURS) if context == "generic"
                 else [vocab.entry(t).description for t in tags])
   return template.render(system_prompt=system_prompt, behaviours=behaviours).rstrip(), positives
+
+
+def teacher_prompt_ids(chat, prefix: str, first_observation: str) -> list[int]:
+  """The teacher's prompt ids for a group: its prefix as the system message, the group's first
+  observation as the user turn (a `ChatFormat`'s prompt, reply prefix included)."""
+  return chat.prompt_ids(prefix, first_observation)
 
 
 class PositiveTeacher:

@@ -66,10 +66,11 @@ def tiny_config(arg: str, model_dir: Path | None, **overrides):
   return config
 
 
-def frozenlake_pipeline(reply: str):
-  """An agentic pipeline on one-move FrozenLake whose engine always answers `reply`:
-  (pipeline, engine, tokenizer)."""
+def frozenlake_pipeline(reply: str, reply_prefix: str = ""):
+  """An agentic pipeline on one-move FrozenLake whose engine always answers `reply` (after the
+  forced `reply_prefix`): (pipeline, engine, tokenizer)."""
   config = load_config_file(TINY_CONFIG, "rised")
+  config.rollout.reply_prefix = reply_prefix
   config.envs.names = ["frozenlake"]
   config.envs.difficulty = {"frozenlake": dict(size=2, holes=0, min_distance=1, max_turns=1)}
   config.select.pool_groups = 4

@@ -107,12 +107,15 @@ def test_chain_prefers_earlier_levels_and_respects_configured_sources(vocab):
 def test_prefix_text_and_none_without_positives(vocab):
   g = pool_of(group(vocab, "maze", 0, (True, ["efficient", "valid_syntax"]), (True, ["efficient"])))
   prefix, positives = positive_teacher_prefix(SYSTEM, 0, *g, vocab)
-  assert prefix == ("You are an agent in a grid world.\n\nBehaviours that succeed here:\n"
+  # The block comes first: after the system prompt it took SmolLM2 off the action format
+  # (benchmarks/teacher_context.py).
+  assert prefix == ("Behaviours that succeed here:\n"
                     "- Takes no wasted or losing turns\n"
-                    "- Uses valid action syntax on every turn")
+                    "- Uses valid action syntax on every turn\n\n"
+                    "You are an agent in a grid world.")
   assert positives.source == "group"
   capped, _ = positive_teacher_prefix(SYSTEM, 0, *g, vocab, max_tags=1)
-  assert capped.endswith("here:\n- Takes no wasted or losing turns")
+  assert capped.startswith("Behaviours that succeed here:\n- Takes no wasted or losing turns\n\n")
   bare, _ = positive_teacher_prefix("", 0, *g, vocab, max_tags=1)
   assert bare == "Behaviours that succeed here:\n- Takes no wasted or losing turns"
   failed = pool_of(group(vocab, "maze", 1, (False, ["efficient"])))
@@ -128,13 +131,13 @@ def test_teacher_assign_returns_prefixes_counts_sources_and_updates_memory_after
   prefixes, counts = teacher.assign([0, 1, 2], *pool_of(winners, losers, stranded), step=0)
   assert counts == {"group": 1, "pool": 1, "memory": 0, "none": 1}
   assert prefixes[0] == prefixes[1] == (
-      "Play maze.\n\nBehaviours that succeed here:\n- Uses valid action syntax on every turn")
+      "Behaviours that succeed here:\n- Uses valid action syntax on every turn\n\nPlay maze.")
   assert prefixes[2] is None
   # Step 1: a maze group alone in its pool now falls back on the memory of step 0.
   later = group(vocab, "maze", 3, (False, []), system_prompt="Play.")
   prefixes, counts = teacher.assign([0], *pool_of(later), step=1)
   assert counts["memory"] == 1
-  assert prefixes[0].endswith("- Uses valid action syntax on every turn")
+  assert prefixes[0] == "Behaviours that succeed here:\n- Uses valid action syntax on every turn\n\nPlay."
   # State round trip (plain data) restores the memory exactly.
   state = json.loads(json.dumps(teacher.state_dict()))
   resumed = PositiveTeacher(vocab)

@@ -1,0 +1,203 @@
+"""A supervised warm-start that teaches the tiny model to read a rubric line.
+
+The tiny model (rised_jax.model.tiny) starts random, so a teacher context means nothing to it.
+This stage trains it for a few hundred steps on a synthetic copy task built from the positive
+teacher's own template (rised_jax.teach.positive): the prompt is the teacher prompt of a
+one-move FrozenLake instance whose behaviour list ends with "Opens with X" (X a move drawn at
+random, independent of the board, after a random subset of the vocabulary's positive
+descriptions); the target is the reply `X</answer>` after the reply prefix
+"<answer>", end of turn included. Because X is independent of the board in training, the only
+way to fit the data is to copy the move the rubric line names.
+
+It can learn: copy a move named by a rubric line in the teacher block. It is not taught (and
+the measurement in issue 20 found that 200–300 steps do not teach) content matching (find the
+colour a rubric line names among the observation's signs) or rules that interact with the
+observation: the warm-started model is a reader of explicit hints, not a planner.
+
+Pre-check (`precheck`, printed at the end and written to warmstart.json): on held-out
+instances (instance keys disjoint from the training ones), the probability of the winning
+move's token after the teacher prompt whose line names it, minus that after the student prompt
+(no teacher block); the mechanism suite needs it >= 0.3.
+
+  python -m rised_jax.warmstart OUT_DIR [--steps 300] [--seed 0] [--batch 16] [--lr 3e-3]
+
+Measured (seed 0, defaults, 2-core CPU, a few minutes): 300 steps give a held-out teacher
+p(win) of 0.992 against the student's 0.069 (difference 0.92, 32 / 32 argmax right).
+
+OUT_DIR is an HF checkpoint (`from_pretrained(OUT_DIR)`, `--config.model.source=OUT_DIR`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from rised_jax import envs
+from rised_jax.model import from_config, save_pretrained, tiny
+from rised_jax.rollout.chat import ChatFormat
+from rised_jax.rubrics import Vocabulary
+from rised_jax.teach import positive
+from rised_jax.teach.action_mass import next_token_logits
+
+ENV = "frozenlake"
+DIFFICULTY = dict(size=3, holes=1, min_distance=1, max_turns=1)
+REPLY_PREFIX = "<answer>"
+LINE = "Opens with {move}"
+HELD_OUT_SEED_OFFSET = 1_000_000
+
+
+def instance(seed: int):
+  """(system prompt, first observation, instance key, winning moves) of one instance."""
+  env = envs.make(ENV, **DIFFICULTY)
+  observation = env.reset(seed)
+  wins = []
+  for move in env.action_space():
+    probe = envs.make(ENV, **DIFFICULTY)
+    probe.reset(seed)
+    if probe.step(envs.format_answer(move))[3]["success"]:
+      wins.append(move)
+  return env.system_prompt, observation, envs.instance_key(ENV, seed, DIFFICULTY), wins
+
+
+def teacher_text(system_prompt: str, move: str, others: Sequence[str]) -> str:
+  """The positive teacher's prefix (its packaged template) listing "Opens with MOVE" among
+  `others`."""
+  template = positive.load_template(None, positive.DEFAULT_TEMPLATE, package="rised_jax.teach")
+  return template.render(system_prompt=system_prompt,
+                         behaviours=[*others, LINE.format(move=move)]).rstrip()
+
+
+def tokenizer_words() -> list[str]:
+  """The tiny tokenizer's words plus those of the rubric line (appended: ids stay put)."""
+  words = tiny.tokenizer_words([ENV])
+  return words + [w for w in tiny.WORD.findall(LINE.format(move="")) if w not in words]
+
+
+class Data:
+  """Training rows drawn from instances whose keys are not held out."""
+
+  def __init__(self, tokenizer, seed: int, held_out: int = 32):
+    self.tokenizer = tokenizer
+    self.chat = ChatFormat(tokenizer, REPLY_PREFIX)
+    self.rng = random.Random(seed)
+    self.moves = envs.make(ENV, **DIFFICULTY).action_space()
+    self.descriptions = [e.description for e in Vocabulary.load("agentic_v1").entries
+                         if e.positive]
+    self.held_out = [instance(HELD_OUT_SEED_OFFSET + s) for s in range(held_out)]
+    self.held_out_keys = {key for _, _, key, _ in self.held_out}
+    self.end = tokenizer.encode("</answer>") + [tokenizer.eos_token_id]
+
+  def training_instance(self):
+    """A random instance (`instance`'s tuple) whose key is not held out."""
+    while True:
+      drawn = instance(self.rng.randrange(HELD_OUT_SEED_OFFSET))
+      if drawn[2] not in self.held_out_keys:
+        return drawn
+
+  def row(self) -> tuple[list[int], list[int]]:
+    """(prompt ids, target ids) of one random training instance and move."""
+    system_prompt, observation, _, _ = self.training_instance()
+    move = self.rng.choice(self.moves)
+    others = self.rng.sample(self.descriptions, self.rng.randrange(len(self.descriptions) + 1))
+    prompt = positive.teacher_prompt_ids(self.chat, teacher_text(system_prompt, move, others),
+                                         observation)
+    return prompt, self.tokenizer.encode(move) + self.end
+
+  def batch(self, size: int) -> dict[str, np.ndarray]:
+    rows = [self.row() for _ in range(size)]
+    width = max(len(p) + len(t) for p, t in rows)
+    ids = np.zeros((size, width), np.int32)
+    mask = np.zeros_like(ids)
+    loss_mask = np.zeros(ids.shape, np.float32)
+    for r, (prompt, target) in enumerate(rows):
+      full = prompt + target
+      ids[r, :len(full)], mask[r, :len(full)] = full, 1
+      loss_mask[r, len(prompt) - 1:len(full) - 1] = 1.0   # positions that predict the target
+    return {"ids": ids, "mask": mask, "loss_mask": loss_mask}
+
+
+def _loss(params, graphdef, rest, batch):
+  model = nnx.merge(graphdef, params, rest)
+  logits = model(batch["ids"], batch["mask"])[:, :-1]
+  logp = jax.nn.log_softmax(logits)
+  nll = -jnp.take_along_axis(logp, batch["ids"][:, 1:, None], -1)[..., 0]
+  mask = batch["loss_mask"][:, :-1]
+  return (nll * mask).sum() / mask.sum()
+
+
+def train(steps: int, seed: int, batch_size: int, learning_rate: float, log_every: int = 50):
+  """(model, tokenizer, data, loss history) after `steps` supervised steps."""
+  tokenizer = tiny.build_tokenizer(tokenizer_words())
+  model = from_config(tiny.tiny_config(tokenizer.vocab_size), seed)
+  data = Data(tokenizer, seed)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  optimizer = optax.adam(learning_rate)
+  opt_state = optimizer.init(params)
+
+  @jax.jit
+  def step(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(_loss)(params, graphdef, rest, batch)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  losses = []
+  for i in range(steps):
+    params, opt_state, loss = step(params, opt_state, data.batch(batch_size))
+    loss = float(loss)
+    if not np.isfinite(loss):
+      raise FloatingPointError(f"warm-start step {i}: loss {loss}; nothing saved")
+    losses.append(loss)
+    if log_every and (i + 1) % log_every == 0:
+      print(f"step {i + 1}: loss {np.mean(losses[-log_every:]):.4f}", flush=True)
+  return nnx.merge(graphdef, params, rest), tokenizer, data, losses
+
+
+def precheck(model, tokenizer, data: Data) -> dict[str, float]:
+  """Mean p(winning move) after the teacher prompt naming it and after the student prompt,
+  over the held-out instances, and their difference."""
+  teacher, student, wins = [], [], []
+  for system_prompt, observation, _, moves in data.held_out:
+    win = moves[0]
+    teacher.append(positive.teacher_prompt_ids(
+        data.chat, teacher_text(system_prompt, win, data.descriptions[:2]), observation))
+    student.append(data.chat.prompt_ids(system_prompt, observation))
+    wins.append(tokenizer.encode(win)[0])
+  logits = next_token_logits(model, teacher + student)
+  probs = np.asarray(jax.nn.softmax(jnp.asarray(logits, jnp.float32)))
+  n = len(wins)
+  p_teacher = probs[np.arange(n), wins]
+  p_student = probs[n + np.arange(n), wins]
+  return {"teacher_p_win": float(p_teacher.mean()), "student_p_win": float(p_student.mean()),
+          "teacher_minus_student": float((p_teacher - p_student).mean()),
+          "teacher_argmax_wins": int((probs[:n].argmax(-1) == np.asarray(wins)).sum()),
+          "held_out": n}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("out_dir")
+  parser.add_argument("--steps", type=int, default=300)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--batch", type=int, default=16)
+  parser.add_argument("--lr", type=float, default=3e-3)
+  args = parser.parse_args()
+  model, tokenizer, data, losses = train(args.steps, args.seed, args.batch, args.lr)
+  check = precheck(model, tokenizer, data)
+  out = save_pretrained(model, tokenizer, args.out_dir)
+  report = {"steps": args.steps, "seed": args.seed, "batch": args.batch, "lr": args.lr,
+            "final_loss": float(np.mean(losses[-20:])), "precheck": check}
+  (Path(out) / "warmstart.json").write_text(json.dumps(report, indent=2))
+  print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+  main()
