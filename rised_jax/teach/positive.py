@@ -14,7 +14,7 @@ user turn (`teacher_prompt_ids`). The block goes *before* the system prompt beca
 keeps the student's action format: with SmolLM2-135M on one-move FrozenLake and the reply prefix
 "<answer>", the probability of a valid move's first token is 0.93x the student prompt's with the
 block first and 0.55x with it after the system prompt, where it stood first (0.52x after the
-observation; benchmarks/teacher_context.py, 32 instances; docs/changes/teacher.md). The
+observation; benchmarks/teacher_context.py, 32 instances; docs/rised.md, "Teacher"). The
 generic-teacher control renders through the same template.
 
 With `context="generic"` (the control for the rubric content) the same groups get a teacher
