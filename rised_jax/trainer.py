@@ -228,9 +228,10 @@ def _build(config: ml_collections.ConfigDict, workdir: epath.Path) -> Run:
   """`build` of a config that `_prepare` has validated."""
   model, tokenizer = _load_model(config)
   mesh = parallel.make_mesh(parallel.MeshShape(**config.mesh.to_dict()))
-  optimizer = train_step.make_optimizer(config_lib.optimizer_config(config))
-  trainable, state = train_step.create(model, optimizer, config_lib.step_config(config), mesh,
-                                       seed=config.seed)
+  step_config = config_lib.step_config(config)
+  optimizer = train_step.make_optimizer(config_lib.optimizer_config(config),
+                                        updates_per_step=step_config.num_iterations)
+  trainable, state = train_step.create(model, optimizer, step_config, mesh, seed=config.seed)
   # With async roll-outs the sampler's weights must be its own from the start: step 0 donates
   # the state's while step 1 rolls out.
   engine = _engine(config, trainable.compute_model(state, copy=config.rollout.async_rollouts),
