@@ -151,7 +151,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 1
   c.train.keep_checkpoints = 2
   c.train.log_every = 1
-  c.train.num_iterations = 1               # PPO updates per rollout batch (GRPO's μ); > 1: clips act
+  c.train.num_iterations = 1               # PPO updates per rollout batch (GRPO's μ)
   c.train.max_nonfinite_steps = 3          # consecutive skipped (non-finite) steps end the run
   c.train.wandb = False                    # also log the scalars to W&B (offline; wandb_log.py)
 

@@ -19,6 +19,9 @@ exact global mean (`micro_batches` only trades memory for time). The one denomin
 depends on the forward pass, CriPO's kept-token count, comes from a stop-gradient pre-pass
 when the batch is micro-batched (`kept_token_mask`).
 
+`StepConfig.num_iterations` (μ) applies μ updates to one batch, each on the loss above, all
+against log π_old fixed before the first by `old_policy_pass` (see `make_step_fn`).
+
 The batch contract is in rised_jax/types.py. Optional keys switch optional parts on, and the
 StepConfig flags say which keys the step expects, so a missing key is an error before compile.
 """

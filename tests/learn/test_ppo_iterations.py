@@ -13,9 +13,11 @@ import optax
 import pytest
 from flax import nnx
 
-from rised_jax import checkpoint, parallel
+from rised_jax import checkpoint, parallel, runlog, trainer
 from rised_jax.learn import losses, train_step
+from rised_jax.model import tiny
 from tests.helpers import step_fixtures
+from tests.helpers.run_fixtures import tiny_config
 
 EPS_LOW, EPS_HIGH, DUAL, CAP = 0.2, 0.28, 1.5, 2.0
 
@@ -163,3 +165,18 @@ def test_resume_with_two_iterations_is_bit_exact(tmp_path):
   assert max(m["clip_frac"] for m in straight_metrics) > 0
   for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_tiny_dapo_preset_clips(tmp_path):
+  """The dapo preset's μ = 4 on the tiny Signpost game (the smoke setting's rewards are all 0,
+  so it has no advantage to clip): the logged clip fractions are > 0 on both sides."""
+  config = tiny_config("dapo,signpost", tiny.write(tmp_path / "model",
+                                                   ["tests.learning_envs:Signpost"]),
+                       **{"train.steps": 1, "select.pool_groups": 8, "select.batch_groups": 4,
+                          "eval.episodes_per_env": 8})
+  assert config.train.num_iterations == 4
+  trainer.train(config, tmp_path / "run")
+  (logged,) = [row for row in runlog.read_jsonl(tmp_path / "run" / runlog.METRICS_FILE)
+               if "clip_frac" in row]
+  assert logged["clip_frac_low"] > 0 and logged["clip_frac_high"] > 0
+  assert logged["clip_frac"] == pytest.approx(logged["clip_frac_low"] + logged["clip_frac_high"])
