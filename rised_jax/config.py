@@ -151,7 +151,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 1
   c.train.keep_checkpoints = 2
   c.train.log_every = 1
-  c.train.num_iterations = 1               # PPO updates per rollout batch (GRPO's μ)
+  c.train.num_iterations = 1               # PPO passes over each rollout batch (GRPO's μ)
+  c.train.mini_batches = 1                 # successive updates per pass, each on 1/M of the rows
   c.train.max_nonfinite_steps = 3          # consecutive skipped (non-finite) steps end the run
   c.train.wandb = False                    # also log the scalars to W&B (offline; wandb_log.py)
 
@@ -328,7 +329,7 @@ def describe(config: ml_collections.ConfigDict) -> str:
 
 # StepConfig fields set under config.train: how many updates a rollout batch gets is a training
 # schedule choice, not a loss setting.
-STEP_KEYS_IN_TRAIN = ("num_iterations",)
+STEP_KEYS_IN_TRAIN = ("num_iterations", "mini_batches")
 
 
 def step_config(config: ml_collections.ConfigDict) -> train_step.StepConfig:

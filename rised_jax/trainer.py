@@ -233,7 +233,7 @@ def _build(config: ml_collections.ConfigDict, workdir: epath.Path) -> Run:
   mesh = parallel.make_mesh(parallel.MeshShape(**config.mesh.to_dict()))
   step_config = config_lib.step_config(config)
   optimizer = train_step.make_optimizer(config_lib.optimizer_config(config),
-                                        updates_per_step=step_config.num_iterations)
+                                        updates_per_step=step_config.updates_per_step)
   trainable, state = train_step.create(model, optimizer, step_config, mesh, seed=config.seed)
   # With async roll-outs the sampler's weights must be its own from the start: step 0 donates
   # the state's while step 1 rolls out.

@@ -19,8 +19,9 @@ exact global mean (`micro_batches` only trades memory for time). The one denomin
 depends on the forward pass, CriPO's kept-token count, comes from a stop-gradient pre-pass
 when the batch is micro-batched (`kept_token_mask`).
 
-`StepConfig.num_iterations` (μ) applies μ updates to one batch, each on the loss above, all
-against log π_old fixed before the first by `old_policy_pass` (see `make_step_fn`).
+`StepConfig.num_iterations` (μ) and `mini_batches` (M) apply μ · M updates to one batch (μ
+passes, each over M shares of its rows), each on the loss above, all against log π_old fixed
+before the first by `old_policy_pass` (see `make_step_fn`).
 
 The batch contract is in rised_jax/types.py. Optional keys switch optional parts on, and the
 StepConfig flags say which keys the step expects, so a missing key is an error before compile.
@@ -103,9 +104,11 @@ class StepConfig:
   counterfactual: bool = False
   flip_alpha: float = 0.1
   flip_tau: float = 0.1
-  # PPO iterations: optimizer updates per rollout batch (config.train.num_iterations, GRPO's μ),
-  # all against the log-probs of the parameters before the first (see `make_step_fn`)
+  # PPO iterations: passes over each rollout batch (config.train.num_iterations, GRPO's μ),
+  # each in `mini_batches` successive updates on a share of the rows (config.train.mini_batches),
+  # all against the log-probs of the parameters before the first update (see `make_step_fn`)
   num_iterations: int = 1
+  mini_batches: int = 1
   # execution
   chunk: int = 256
   micro_batches: int = 1
@@ -121,9 +124,10 @@ class StepConfig:
       raise ValueError(f"distill_norm {self.distill_norm!r}: expected one of {DISTILL_NORMS}")
     if self.beta < 0 or self.ref_kl_coef < 0:
       raise ValueError(f"beta ({self.beta}) and ref_kl_coef ({self.ref_kl_coef}) must be >= 0")
-    if self.micro_batches < 1 or self.chunk < 1 or self.num_iterations < 1:
-      raise ValueError(f"micro_batches ({self.micro_batches}), chunk ({self.chunk}) and "
-                       f"num_iterations ({self.num_iterations}) must be >= 1")
+    if min(self.micro_batches, self.chunk, self.num_iterations, self.mini_batches) < 1:
+      raise ValueError(f"micro_batches ({self.micro_batches}), chunk ({self.chunk}), "
+                       f"num_iterations ({self.num_iterations}) and mini_batches "
+                       f"({self.mini_batches}) must be >= 1")
     if self.localize and not self.distills:
       raise ValueError("localize=True needs a distillation weight beta > 0")
     if not self.clamp_loss and not (self.localize and self.clamp is not None):
@@ -139,10 +143,14 @@ class StepConfig:
     return self.beta > 0
 
   @property
+  def updates_per_step(self) -> int:
+    return self.num_iterations * self.mini_batches
+
+  @property
   def fixed_per_batch(self) -> bool:
     """Several updates per batch: old log-probs, CriPO's flips and kept set come from a
     stop-gradient pre-pass at the parameters before the first update (`old_policy_pass`)."""
-    return self.num_iterations > 1
+    return self.updates_per_step > 1
 
   @property
   def kept_pre_pass(self) -> bool:
@@ -234,7 +242,7 @@ def make_optimizer(cfg: OptimizerConfig,
                    updates_per_step: int = 1) -> optax.GradientTransformation:
   """AdamW with optional global-norm clipping; the learning rate is an optax schedule.
 
-  `updates_per_step` (the step's `num_iterations`): the optimizer counts updates, while
+  `updates_per_step` (the step's `updates_per_step`): the optimizer counts updates, while
   warm-up and decay are in training steps, so every update of step s gets step s's rate.
   """
   if not isinstance(updates_per_step, int) or updates_per_step < 1:
@@ -449,18 +457,25 @@ def _merge_micro(x: Array) -> Array:
   return jnp.swapaxes(x, 0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
+# Step metrics that count tokens or rows of the batch (the others are means or fractions).
+COUNT_METRICS = ("loss_tokens", "sequences", "distill_tokens", "kept_tokens", "cf_tokens",
+                 "flipped_tokens")
+
+
 def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
                  config: StepConfig) -> Callable[[TrainState, Mapping[str, Array]],
                                                  tuple[TrainState, dict[str, Array]]]:
   """The pure step; `create` compiles it with shardings.
 
-  `config.num_iterations` (μ) optimizer updates on the same batch. With μ = 1 the ratio is
-  taken against the update's own forward (r = 1 in value, the on-policy step). With μ > 1
-  `old_policy_pass` first fixes log π_old (and CriPO's flips and kept set) at the parameters
-  before the first update, then every update's ratio r = π_θ / π_old moves away from 1 and the
-  ε_low / ε_high and dual clips act. The step counter, the RNG, the β schedule and the EMA
-  teacher advance once per batch; the optimizer's count (and so its schedule, see
-  `make_optimizer`) once per update. Metrics are means over the μ updates.
+  `config.num_iterations` (μ) passes over the same batch, each in `config.mini_batches` (M)
+  successive updates on a share of its rows (each loss the mean over its mini-batch). With
+  μ · M = 1 the ratio is taken against the update's own forward (r = 1 in value, the on-policy
+  step). Otherwise `old_policy_pass` first fixes log π_old (and CriPO's flips and kept set) at
+  the parameters before the first update, then every later update's ratio r = π_θ / π_old
+  moves away from 1 and the ε_low / ε_high and dual clips act. The step counter, the RNG, the
+  β schedule and the EMA teacher advance once per batch; the optimizer's count (and so its
+  schedule, see `make_optimizer`) once per update. Metrics are means over the μ · M updates,
+  counts (`COUNT_METRICS`) those of the whole batch.
   """
   grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
 
@@ -489,15 +504,23 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
           accumulate, (grads, loss, metric_sums), {k: v[1:] for k, v in micro.items()})
     return loss, metric_sums, grads
 
-  def update(params, opt_state, state: TrainState, batch, denominators, beta):
-    """One optimizer update on the batch: (params, opt_state, metrics, applied)."""
+  def update(params, opt_state, state: TrainState, batch, beta, allowed=True):
+    """One optimizer update on the (mini-)batch: (params, opt_state, metrics, applied). The
+    loss is its own mean; `allowed` False (an earlier update of the batch was skipped) or a
+    non-finite loss applies nothing."""
+    loss_mask = batch["loss_mask"].astype(jnp.float32)
+    _, pg_den = losses.AGGREGATIONS[config.aggregation](
+        jnp.zeros_like(loss_mask), loss_mask, seq_len_norm=config.seq_len_norm)
+    denominators = {"pg": pg_den}
+    if config.distills:
+      denominators["distill"] = (
+          batch["kept_mask"].sum() if config.kept_pre_pass and config.distill_norm == "kept-tokens"
+          else _distill_denominator(config, batch["distill_mask"]))
     loss, metric_sums, grads = gradients(params, state, batch, denominators, beta)
     grad_norm = optax.tree.norm(grads)
     updates, new_opt_state = optimizer.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
 
-    loss_mask = batch["loss_mask"].astype(jnp.float32)
-    pg_den = denominators["pg"]
     tokens = loss_mask.sum()
     per_token = lambda x: losses.mean_from_parts(x, tokens)  # noqa: E731
     metrics = {
@@ -538,41 +561,45 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
     # nothing: parameters and optimizer state stay bit-identical.
     finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
               & jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(new_params)])))
-    params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+    applied = finite & allowed
+    params, opt_state = jax.tree.map(lambda new, old: jnp.where(applied, new, old),
                                      (new_params, new_opt_state), (params, opt_state))
-    return params, opt_state, metrics, finite
+    return params, opt_state, metrics, applied
 
   def step(state: TrainState, batch: Mapping[str, Array]):
     beta = cripo.beta_schedule(state.step, config.beta, config.beta_warmup_steps)
-    loss_mask = batch["loss_mask"].astype(jnp.float32)
-    _, pg_den = losses.AGGREGATIONS[config.aggregation](
-        jnp.zeros_like(loss_mask), loss_mask, seq_len_norm=config.seq_len_norm)
-    denominators = {"pg": pg_den}
-    if config.distills:
-      denominators["distill"] = _distill_denominator(config, batch["distill_mask"])
     if config.kept_pre_pass or config.fixed_per_batch:
       fixed = old_policy_pass(state.params, rest, state.teacher_params, graphdef, config, batch)
       if "old_logprobs" in batch:   # a batch that brings its own π_old keeps it
         fixed.pop("old_logprobs", None)
       batch = {**batch, **fixed}
-      if config.kept_pre_pass and config.distill_norm == "kept-tokens":
-        denominators["distill"] = fixed["kept_mask"].sum()
 
-    if config.num_iterations == 1:
-      params, opt_state, metrics, finite = update(state.params, state.opt_state, state, batch,
-                                                  denominators, beta)
-      applied = all_finite = finite
+    if config.updates_per_step == 1:
+      params, opt_state, metrics, applied = update(state.params, state.opt_state, state, batch,
+                                                   beta)
+      first_applied = all_applied = applied
     else:
-      def iteration(carry, _):
-        params, opt_state, metrics, finite = update(*carry, state, batch, denominators, beta)
-        return (params, opt_state), (metrics, finite)
+      # Mini-batch m holds rows m, m + M, … (strided like micro-batches: every data shard
+      # keeps rows in each); update u trains on mini-batch u mod M.
+      minis = _split_micro({k: v for k, v in batch.items() if jnp.ndim(v)}, config.mini_batches)
 
-      (params, opt_state), (per_update, finite) = jax.lax.scan(
-          iteration, (state.params, state.opt_state), None, length=config.num_iterations)
+      def one_update(carry, index):
+        params, opt_state, allowed = carry
+        mini = {k: v[index % config.mini_batches] for k, v in minis.items()}
+        params, opt_state, metrics, applied = update(params, opt_state, state, mini, beta,
+                                                     allowed)
+        return (params, opt_state, applied), (metrics, applied)
+
+      # Once an update is skipped, so is every later one of the batch: the updates before
+      # the first non-finite one stay applied.
+      (params, opt_state, _), (per_update, applied) = jax.lax.scan(
+          one_update, (state.params, state.opt_state, jnp.asarray(True)),
+          jnp.arange(config.updates_per_step))
       metrics = jax.tree.map(lambda x: x.mean(axis=0), per_update)
-      # Without mini-batches a skipped update leaves the state as it was, so every later one
-      # repeats it and is skipped too: the updates before the first non-finite one stay.
-      applied, all_finite = finite.any(), finite.all()
+      for name in COUNT_METRICS:   # of the whole batch: the sum over its mini-batches
+        if name in metrics:
+          metrics[name] = metrics[name] * config.mini_batches
+      first_applied, all_applied = applied[0], applied.all()
 
     teacher_params = state.teacher_params
     if config.teacher == "ema" and teacher_params is not None:
@@ -585,8 +612,9 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
     # A batch none of whose updates applied leaves the whole state, step counter and RNG
     # included, bit-identical, so `state.step` counts the batches trained on and the trainer
     # decides when to give up; `skipped_nonfinite` is 1 when any update of the batch was skipped.
-    new_state = jax.tree.map(lambda new, old: jnp.where(applied, new, old), new_state, state)
-    metrics["skipped_nonfinite"] = 1.0 - all_finite.astype(jnp.float32)
+    new_state = jax.tree.map(lambda new, old: jnp.where(first_applied, new, old), new_state,
+                             state)
+    metrics["skipped_nonfinite"] = 1.0 - all_applied.astype(jnp.float32)
     return new_state, metrics
 
   return step
@@ -631,10 +659,11 @@ class Trainable:
       raise ValueError(f"batch arrays disagree on the number of rows: {rows}")
     data_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
     global_rows = next(iter(rows.values())) * jax.process_count()
-    if global_rows % (data_shards * self.config.micro_batches):
+    if global_rows % (data_shards * self.config.micro_batches * self.config.mini_batches):
       raise ValueError(
           f"global batch of {global_rows} rows must be divisible by data×fsdp ({data_shards}) × "
-          f"micro_batches ({self.config.micro_batches})")
+          f"micro_batches ({self.config.micro_batches}) × mini_batches "
+          f"({self.config.mini_batches})")
     return parallel.global_batch(batch, self.mesh)
 
 

@@ -22,10 +22,10 @@ from tests.helpers.run_fixtures import tiny_config
 EPS_LOW, EPS_HIGH, DUAL, CAP = 0.2, 0.28, 1.5, 2.0
 
 
-def _config(num_iterations: int) -> train_step.StepConfig:
+def _config(num_iterations: int, mini_batches: int = 1) -> train_step.StepConfig:
   return step_fixtures.step_config(beta=0.0, eps_low=EPS_LOW, eps_high=EPS_HIGH,
                                    dual_clip=DUAL, importance_cap=CAP,
-                                   num_iterations=num_iterations)
+                                   num_iterations=num_iterations, mini_batches=mini_batches)
 
 
 def _mesh():
@@ -45,27 +45,33 @@ def _reference_surrogate(logp, old, batch):
   return per_seq.sum() / (tokens > 0).sum()
 
 
-def _reference_run(batch, num_iterations: int, lr: float):
-  """Parameters after `num_iterations` SGD steps, and the per-update clip fractions (numpy)."""
+def _reference_run(batch, num_iterations: int, lr: float, mini_batches: int = 1):
+  """Parameters after `num_iterations` passes of SGD steps, one per mini-batch (rows m, m + M,
+  …, each step's loss the mean over its rows), and each step's clip fractions (numpy)."""
   graphdef, params, rest = nnx.split(step_fixtures.tiny_model(), nnx.Param, ...)
   logprobs = jax.jit(lambda p: step_fixtures.target_logprobs(nnx.merge(graphdef, p, rest),
                                                              batch)[0])
   old = logprobs(params)
-  grad = jax.jit(jax.grad(lambda p: _reference_surrogate(logprobs(p), old, batch)))
-  mask = np.asarray(batch["loss_mask"]) > 0
-  adv = np.asarray(batch["advantages"])
+  minis = [{k: np.asarray(v)[m::mini_batches] for k, v in batch.items()}
+           for m in range(mini_batches)]
+  grads = [jax.jit(jax.grad(lambda p, m=m: _reference_surrogate(
+      logprobs(p)[m::mini_batches], old[m::mini_batches], minis[m])))
+           for m in range(mini_batches)]
   fractions = []
   for _ in range(num_iterations):
-    ratio = np.exp(np.asarray(logprobs(params), np.float64) - np.asarray(old, np.float64))
-    fractions.append(((mask & (adv < 0) & (ratio < 1 - EPS_LOW)).sum() / mask.sum(),
-                      (mask & (adv > 0) & (ratio > 1 + EPS_HIGH)).sum() / mask.sum()))
-    params = jax.tree.map(lambda p, g: p - lr * g, params, grad(params))
+    for m, mini in enumerate(minis):
+      ratio = np.exp(np.asarray(logprobs(params), np.float64)[m::mini_batches]
+                     - np.asarray(old, np.float64)[m::mini_batches])
+      mask, adv = mini["loss_mask"] > 0, mini["advantages"]
+      fractions.append(((mask & (adv < 0) & (ratio < 1 - EPS_LOW)).sum() / mask.sum(),
+                        (mask & (adv > 0) & (ratio > 1 + EPS_HIGH)).sum() / mask.sum()))
+      params = jax.tree.map(lambda p, g: p - lr * g, params, grads[m](params))
   return params, np.asarray(fractions)
 
 
-def _step_run(batch, num_iterations: int, lr: float):
+def _step_run(batch, num_iterations: int, lr: float, mini_batches: int = 1):
   trainable, state = train_step.create(step_fixtures.tiny_model(), optax.sgd(lr),
-                                       _config(num_iterations), _mesh())
+                                       _config(num_iterations, mini_batches), _mesh())
   state, metrics = trainable.step(state, trainable.put_batch(batch))
   return state, {k: float(v) for k, v in metrics.items()}
 
@@ -78,20 +84,23 @@ def _assert_params_close(params, reference):
 LR = 20.0   # large: one update moves the ratio of many tokens outside [1 − ε_low, 1 + ε_high]
 
 
-@pytest.mark.parametrize("num_iterations", [1, 2])
-def test_iterations_equal_sgd_steps_on_the_clipped_surrogate_of_the_old_policy(num_iterations):
+@pytest.mark.parametrize("num_iterations, mini_batches", [(1, 1), (2, 1), (1, 2)])
+def test_iterations_equal_sgd_steps_on_the_clipped_surrogate_of_the_old_policy(num_iterations,
+                                                                              mini_batches):
   batch = step_fixtures.batch(0)
-  state, metrics = _step_run(batch, num_iterations, LR)
-  reference, fractions = _reference_run(batch, num_iterations, LR)
+  state, metrics = _step_run(batch, num_iterations, LR, mini_batches)
+  reference, fractions = _reference_run(batch, num_iterations, LR, mini_batches)
   _assert_params_close(state.params, reference)
   assert int(state.step) == 1 and metrics["skipped_nonfinite"] == 0
-  # The step's metrics are the means over its updates; the first update's ratio is 1.
+  # The step's metrics are the means over its updates; the first update's ratio is 1; the
+  # token count is the whole batch's.
   assert fractions[0].tolist() == [0.0, 0.0]
   low, high = fractions.mean(axis=0)
   assert metrics["clip_frac_low"] == pytest.approx(low, abs=1e-6)
   assert metrics["clip_frac_high"] == pytest.approx(high, abs=1e-6)
-  if num_iterations > 1:
-    assert low > 0.02 and high > 0.02   # the second update's ratio is clipped on both sides
+  assert metrics["loss_tokens"] == batch["loss_mask"].sum()
+  if num_iterations * mini_batches > 1:
+    assert low > 0 and high > 0   # the later updates' ratios are clipped on both sides
 
 
 def test_clipped_surrogate_on_a_hand_built_case():
