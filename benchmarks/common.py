@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from rised_jax.learn.flops import (decoder_forward_flops, measure_matmul_rate,  # noqa: F401
+                                   nonembedding_params, train_step_flops)
 from rised_jax.model import ModelConfig
 
 
@@ -94,33 +95,6 @@ def machine_info() -> dict[str, Any]:
 def peak_rss_bytes() -> int:
   """High-water mark of this process's resident memory so far (Linux reports KiB)."""
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def measure_matmul_rate(size: int, min_seconds: float = 1.0, min_calls: int = 3,
-                        dtype: Any = jnp.float32) -> dict[str, float]:
-  """FLOP/s of a jitted [size, size] @ [size, size] in `dtype` (float32 unless told;
-  2·size³ FLOPs per call).
-
-  Calls are repeated until `min_seconds` have passed (at least `min_calls`); the rate uses
-  the median call, the same statistic as the step times it is compared with. Also per
-  CPU-second (all threads), for an MFU that other jobs on a shared machine disturb less.
-  """
-  if size < 1:
-    raise ValueError(f"matmul size must be >= 1, got {size}")
-  rng = np.random.default_rng(0)
-  a = jnp.asarray(rng.standard_normal((size, size)), dtype)
-  b = jnp.asarray(rng.standard_normal((size, size)), dtype)
-  matmul = jax.jit(jnp.dot)
-  matmul(a, b).block_until_ready()
-  times, cpu_times = [], []
-  while len(times) < min_calls or sum(times) < min_seconds:
-    start, cpu_start = time.perf_counter(), time.process_time()
-    matmul(a, b).block_until_ready()
-    times.append(time.perf_counter() - start)
-    cpu_times.append(time.process_time() - cpu_start)
-  median, cpu_median = float(np.median(times)), float(np.median(cpu_times))
-  return {"size": size, "calls": len(times), "median_s": median, "cpu_median_s": cpu_median,
-          "flops_per_s": 2.0 * size**3 / median, "flops_per_cpu_s": 2.0 * size**3 / cpu_median}
 
 
 # ----------------------------------------------------------------------------- timing
@@ -200,51 +174,6 @@ def memory_report(compiled: Any) -> dict[str, int]:
                            - report["alias_bytes"] + report["temp_bytes"])
   report["xla_peak_bytes"] = int(getattr(stats, "peak_memory_in_bytes", 0))
   return report
-
-
-# ----------------------------------------------------------------------------- FLOPs
-
-
-def nonembedding_params(cfg: ModelConfig) -> int:
-  """Weights of the matmuls inside the layers (q, k, v, o and the gated MLP), no norms."""
-  d, hd = cfg.hidden_size, cfg.head_dim
-  attention = d * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
-  mlp = 3 * d * cfg.intermediate_size
-  return cfg.num_layers * (attention + mlp)
-
-
-def decoder_forward_flops(cfg: ModelConfig, rows: int, seq_len: int,
-                          logit_positions: int) -> dict[str, float]:
-  """Matmul FLOPs of one forward pass over `rows` × `seq_len` tokens.
-
-  linear     2 · N_nonembed · rows · seq_len
-  attention  2 · 2 · rows · seq_len² · heads · head_dim per layer (QKᵀ and PV over the full
-             T × T score matrix, as the decoder computes it: no causal skipping)
-  unembed    2 · hidden · vocab · rows · logit_positions (logit_positions per row)
-  The embedding lookup is a gather (no FLOPs); norms and softmaxes are not counted.
-  """
-  tokens = rows * seq_len
-  return {
-      "linear": 2.0 * nonembedding_params(cfg) * tokens,
-      "attention": 4.0 * cfg.num_layers * rows * seq_len**2 * cfg.num_heads * cfg.head_dim,
-      "unembed": 2.0 * cfg.hidden_size * cfg.vocab_size * rows * logit_positions,
-  }
-
-
-def train_step_flops(cfg: ModelConfig, rows: int, seq_len: int,
-                     teacher_forwards: int = 0) -> dict[str, float]:
-  """Model FLOPs of one train step: forward + backward (3 × forward) of the student, plus
-  `teacher_forwards` stop-gradient forwards of the same shape (the fused step's teacher).
-
-  Logits are needed at the T − 1 predicting columns of every row. Recomputation (the
-  chunked loss rematerialises its logits in the backward pass) is not model work and is not
-  counted, as usual for MFU.
-  """
-  forward = decoder_forward_flops(cfg, rows, seq_len, seq_len - 1)
-  factor = 3.0 + teacher_forwards
-  parts = {name: factor * value for name, value in forward.items()}
-  parts["total"] = sum(parts.values())
-  return parts
 
 
 # ----------------------------------------------------------------------------- output

@@ -6,6 +6,9 @@
 # Usage: benchmarks/device_check.sh [--dry-run] [--out FILE]
 #   --dry-run   CPU, tiny shapes, a few seconds (CI runs it)
 set -euo pipefail
+case "${1:-}" in   # the header comment above is the usage text (lib.sh prints it)
+  -h|--help) source "$(dirname "$0")/../experiments/launch/lib.sh"; usage ;;
+esac
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 exec timeout 480 "${PYTHON:-python3}" -m benchmarks.device_check "$@"

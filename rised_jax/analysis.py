@@ -311,9 +311,12 @@ TRAINING_PANELS: tuple[tuple[str, str], ...] = (
     ("loss", r"^(loss|pg_loss)$"),
     ("KL to the teacher (distillation)", r"^(distill_loss|ref_kl)$"),
     ("entropy", r"^entropy$"),
-    ("rollout reward and success", r"^rollout/(.+/success|reward|pass_rate)$"),
-    ("skipped / dropped", r"^(?!time/).*(skipped|dropped|unusable|unjudged|failed|"
-                          r"zero_variance|truncated).*$"),
+    ("rollout reward", r"^rollout/reward$"),
+    ("rollout success rate", r"^rollout/(.+/success|pass_rate)$"),
+    # One quantity per axis: counts per step apart from shares of the step's rollouts.
+    ("skipped / dropped (count per step)", r"^(?!time/).*(skipped|dropped|unusable|failed|"
+                                           r"zero_variance).*$"),
+    ("truncated / unjudged (share of rollouts)", r"^(?!time/).*(unjudged|truncated).*$"),
 )
 
 
@@ -351,24 +354,37 @@ def _empty(fig, message: str):
 
 
 def plot_pass_rates(curves: Mapping[str, PassRateCurve], *, mean: bool = True):
-  """Pass rate per environment over steps, with its 95 % band; the mean across environments
-  dashed."""
-  fig = _figure(7, 4)
+  """Pass rate over steps, one panel per environment with its 95 % band (bands of several
+  environments on one axis hide each other), and a last panel with the mean across them."""
   if not curves:
-    return _empty(fig, "no evaluation logged")
-  ax = fig.add_subplot()
-  for env, curve in curves.items():
-    (line,) = ax.plot(curve.steps, curve.pass_rate, marker="o", label=env)
-    ax.fill_between(curve.steps, curve.ci_low, curve.ci_high, color=line.get_color(), alpha=0.15)
-  if mean and len(curves) > 1:
-    steps, values = mean_pass_rate_curve(curves)
-    ax.plot(steps, values, "k--", marker="s", label="mean")
-  ax.set(xlabel="step", ylabel="pass rate", ylim=(-0.02, 1.02),
-         title="Pass rate per environment (95 % interval)")
-  ax.xaxis.set_major_locator(_matplotlib().ticker.MaxNLocator(integer=True))
-  ax.legend(loc="best", fontsize="small")
-  ax.grid(alpha=0.3)
+    return _empty(_figure(7, 4), "no evaluation logged")
+  panels = list(curves) + (["mean"] if mean and len(curves) > 1 else [])
+  columns = min(3, len(panels))
+  rows = -(-len(panels) // columns)
+  fig = _figure(3.6 * columns, 2.8 * rows)
+  axes = fig.subplots(rows, columns, squeeze=False, sharey=True).ravel()
+  for ax, name in zip(axes, panels):
+    if name == "mean":
+      steps, values = mean_pass_rate_curve(curves)
+      ax.plot(steps, values, "k--", marker="s", label="mean")
+      ax.set_title("mean over environments")
+    else:
+      curve = curves[name]
+      (line,) = ax.plot(curve.steps, curve.pass_rate, marker="o", label=name)
+      ax.fill_between(curve.steps, curve.ci_low, curve.ci_high, color=line.get_color(),
+                      alpha=0.2)
+      ax.set_title(f"{name} (95 % interval)")
+    ax.set(xlabel="step", ylabel="pass rate", ylim=(-0.02, 1.02))
+    _integer_steps(ax)
+    ax.grid(alpha=0.3)
+  for ax in axes[len(panels):]:
+    ax.set_axis_off()
   return fig
+
+
+def _integer_steps(ax) -> None:
+  """Steps are whole numbers: no 0.5 ticks on a short run."""
+  ax.xaxis.set_major_locator(_matplotlib().ticker.MaxNLocator(integer=True))
 
 
 def plot_tag_heatmaps(frequencies: Mapping[str, TagFrequency],
@@ -461,6 +477,7 @@ def plot_training_curves(curves: Mapping[str, MetricCurve], *, x: str = "step"):
       xs = curve.steps[keep] if not axis else [axis[int(curve.steps[i])] for i in keep]
       ax.plot(xs, curve.values[keep], marker=".", label=name)
     ax.set(title=title, xlabel=x)
+    _integer_steps(ax)   # steps and the progress counters are whole numbers
     ax.legend(fontsize="x-small", loc="best")
     ax.grid(alpha=0.3)
   for ax in axes[len(panels):]:

@@ -6,6 +6,7 @@ integer / real type (Python and NumPy scalars alike):
 
   is_int(v)                          an integer, not a bool
   is_number(v, finite=True)          a real number, not a bool (finite unless told otherwise)
+  is_http_url(v)                     a string http(s)://HOST[...] URL
   with named("config.judge"): ...    a ValueError inside gets the key it is about in front
 
 Each caller keeps its own error message (what the value is for, and the range it needs).
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import urllib.parse
 from typing import Any, Iterator
 
 
@@ -25,6 +27,15 @@ def is_int(value: Any) -> bool:
 def is_number(value: Any, finite: bool = True) -> bool:
   return (isinstance(value, numbers.Real) and not isinstance(value, bool)
           and (not finite or math.isfinite(value)))
+
+
+def is_http_url(value: Any) -> bool:
+  """An http:// or https:// URL with a host (what the HTTP clients can reach; file:// and bare
+  words are refused)."""
+  if not isinstance(value, str):
+    return False
+  parsed = urllib.parse.urlparse(value)
+  return parsed.scheme in ("http", "https") and bool(parsed.hostname)
 
 
 @contextlib.contextmanager

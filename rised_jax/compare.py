@@ -2,13 +2,18 @@
 
   rised-compare --config FILE[:ARGS] --presets rised,grpo,dapo --seeds 0,1,2 --workdir DIR \
       [--jobs N] [--config.key=value …]   runs what is not finished yet, then aggregates
-  rised-compare … --list                  prints one command per unfinished run (for a scheduler)
-  rised-compare --aggregate DIR           aggregates the runs of DIR's plan
+  rised-compare … --list                  prints one command per unfinished run (for a scheduler);
+                                          absolute paths, and it writes nothing
+  rised-compare --aggregate DIR           aggregates the runs of DIR's plan (else every run in DIR)
 
 Each run trains in its own sub-workdir DIR/<preset>/seed_<seed> through
-`python -m rised_jax.main --config FILE:<preset>[,ARGS] --config.seed=<seed> …`: the config
-file takes the preset as the first comma-separated element of its argument, as every file in
-experiments/configs does. A run is finished when its summary.json exists (the trainer writes it
+`python -m rised_jax.main --config FILE:<preset>[,ARGS] --config.seed=<seed> …`: the preset is
+the config file's `algorithm` key (every file in experiments/configs declares it first, with
+rised_jax.config_args). Where ARGS already names an algorithm (`FILE:rised,easy`,
+`FILE:algorithm=rised`) the preset replaces it; which item that is, is decided by the file's own
+parse_arg declaration. Before any run starts every preset's config is built once from the file
+and must come out with that preset as its algorithm, else rised-compare refuses and says how to
+write the argument. A run is finished when its summary.json exists (the trainer writes it
 last); an unfinished one is started again and resumes from its latest checkpoint. Each
 sub-workdir records the arguments it ran with and refuses others (edits inside the config
 file itself are caught by the trainer for unfinished runs only).
@@ -22,11 +27,14 @@ evaluation of each run (eval.jsonl at step config.train.steps) — pass rate per
 the agentic pipeline, mean rubric score per evaluation group (domain) for the rubric pipeline.
 Per method and environment: the per-seed values, their mean and 95 % Student-t interval across
 seeds; per environment the average rank of each method (1 = best, ties share the mean of their
-places) and marks: "first" for the best mean, "second" for the next distinct mean. Then the
-unweighted mean over environments (per seed, then across seeds, ranked the same way), the mean
-rank, the rollouts and agent tokens each run logged (rollouts.jsonl), and a seeded paired
-bootstrap (paired by seed, `stats.paired_bootstrap`) of the reference method (rised, cripo, or
---reference) against each other method. Outputs in DIR: comparison.md, comparison.json and
+places) and marks: "first" for the best mean (every tied one), "second" for the next distinct
+mean only when one method alone is first. Then the unweighted mean over environments (per seed,
+then across seeds, ranked the same way), the mean rank, the budget of each run (rollouts and
+agent tokens from rollouts.jsonl; measured train and update seconds from metrics.jsonl,
+`train_seconds`), and, paired by seed, the reference method (rised, cripo, or --reference)
+against each other method: the exact one-sided sign-flip test (`stats.sign_flip_test`), the
+paired Student-t interval (`stats.paired_t`) and the percentile bootstrap interval
+(`stats.paired_bootstrap`, named as such). Outputs in DIR: comparison.md, comparison.json and
 comparison.png (the last needs matplotlib, the `notebooks` extra).
 """
 from __future__ import annotations
@@ -34,6 +42,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -46,15 +55,22 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rised_jax import runlog, stats
+from rised_jax import config_args, runlog, stats
 from rised_jax.checks import is_number
 
 METRICS = {"agentic": "pass_rate", "rubric": "score"}   # what a pipeline's table compares
 REFERENCES = ("rised", "cripo")   # default reference method, the first one present
 MEAN = "mean"                      # the column of the unweighted mean over environments
 OUTPUTS = ("comparison.md", "comparison.json", "comparison.png")
+# Per run: what it cost (RunResult fields; the budget table's columns).
+BUDGET = ("steps", "rollouts", "agent_tokens", "train_seconds", "update_seconds")
 COMMAND_FILE = "compare_command.json"   # in each sub-workdir: the arguments it was run with
 PLAN_FILE = "compare_plan.json"         # in DIR: the presets and seeds, in the order given
+
+
+# The --config text of a file without argument, or {preset: file argument}
+# (`check_config_argument`).
+ConfigArgument = str | Mapping[str, str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,16 +93,130 @@ def is_finished(workdir: str | os.PathLike) -> bool:
   return (Path(workdir) / runlog.SUMMARY_FILE).exists()
 
 
-def config_argument(config: str, preset: str) -> str:
-  """FILE -> FILE:preset; FILE:ARGS -> FILE:preset,ARGS."""
+class _Declared(Exception):
+  """Carries the keys an experiment file's get_config passed to config_args.parse_arg."""
+
+  def __init__(self, spec: dict[str, Any]):
+    super().__init__("declared")
+    self.spec = spec
+
+
+def _load_config_module(path: str):
+  spec = importlib.util.spec_from_file_location(f"_rised_compare_{Path(path).stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not callable(getattr(module, "get_config", None)):
+    raise ValueError(f"--config {path}: the file defines no get_config(arg)")
+  return module
+
+
+def declared_keys(path: str, module=None) -> dict[str, Any]:
+  """The keys (name -> default) the file's get_config declares with config_args.parse_arg.
+
+  get_config is called with parse_arg replaced by a recorder that stops it at that call: the
+  file's own declaration is read, nothing of the config is built. `module`: the file, loaded.
+  """
+  module = module or _load_config_module(path)
+
+  def record(arg, /, **spec):
+    raise _Declared(spec)
+
+  original = config_args.parse_arg
+  config_args.parse_arg = record
+  try:
+    module.get_config(None)
+  except _Declared as declared:
+    return declared.spec
+  finally:
+    config_args.parse_arg = original
+  raise ValueError(f"--config {path}: get_config does not parse its argument with "
+                   "rised_jax.config_args.parse_arg; rised-compare passes the preset as the "
+                   "file's 'algorithm' key and needs that declaration")
+
+
+_PROBE = "rised-compare-probe"   # a text no preset or setting is named
+
+
+def _algorithm_item(items: Sequence[str], keys: Mapping[str, Any]) -> int | None:
+  """Which comma-separated item of the file argument names the algorithm (None: none does).
+
+  config_args.parse_arg decides which item fills the `algorithm` key: the item whose
+  replacement by a probe text makes the parsed algorithm that text. It names an algorithm when
+  it is `algorithm=…` or a preset's name; a bare word in that place that names no preset
+  (`easy` in `FILE:easy`) is the rest of the argument, written after the preset.
+  """
+  from rised_jax import config as config_lib  # noqa: PLC0415 - the presets; light to import
+
+  for i, item in enumerate(items):
+    key, eq, _ = item.partition("=")
+    if eq:
+      if key == "algorithm":
+        return i
+      continue
+    probe = [*items[:i], _PROBE, *items[i + 1:]]
+    try:
+      fills_algorithm = config_args.parse_arg(",".join(probe), **keys)["algorithm"] == _PROBE
+    except ValueError:   # the item is a flag or a choice of another key
+      continue
+    if fills_algorithm:
+      return i if item in config_lib.PRESETS else None
+  return None
+
+
+def config_argument(config: str, preset: str, keys: Mapping[str, Any] | None = None) -> str:
+  """The file argument of one run: FILE -> FILE:preset; FILE:ARGS -> FILE:preset,ARGS, or,
+  where ARGS already names an algorithm (`FILE:rised,easy`, `FILE:algorithm=rised`), ARGS
+  with that item replaced by the preset. `keys`: the file's `declared_keys` (needed with ARGS)."""
   path, sep, args = config.partition(":")
-  return f"{path}:{preset},{args}" if sep and args else f"{path}:{preset}"
+  if not (sep and args):
+    return f"{path}:{preset}"
+  if keys is None:
+    raise ValueError(f"--config {config}: the file's declared keys are needed to place the "
+                     "preset in its argument")
+  items = args.split(",")
+  index = _algorithm_item(items, keys)
+  if index is None:
+    return f"{path}:{preset},{args}"
+  items[index] = f"algorithm={preset}" if "=" in items[index] else preset
+  return f"{path}:{','.join(items)}"
 
 
-def run_arguments(spec: RunSpec, config: str, overrides: Sequence[str]) -> list[str]:
-  """The trainer's arguments for one run (recorded in its COMMAND_FILE)."""
-  return [f"--config={config_argument(config, spec.preset)}", f"--workdir={spec.workdir}",
-          f"--config.seed={spec.seed}", *overrides]
+def check_config_argument(config: str, presets: Sequence[str]) -> dict[str, str]:
+  """{preset: the file argument of its runs}, each checked by building the config with it:
+  every preset must come out as the config's algorithm. Refuses (ValueError saying how to
+  write the argument) before any run starts."""
+  path = config.partition(":")[0]
+  how = (f"write the file argument without the algorithm (--config {path}:SETTING) or with it "
+         f"in the file's algorithm place (--config {path}:rised,SETTING): rised-compare puts "
+         "each preset there")
+  module = _load_config_module(path)
+  keys = declared_keys(path, module)
+  if "algorithm" not in keys:
+    raise ValueError(f"--config {config}: get_config declares no 'algorithm' key (it declares "
+                     f"{sorted(keys)}); rised-compare passes each preset as that key")
+  arguments = {}
+  for preset in presets:
+    argument = config_argument(config, preset, keys)
+    file_arg = argument.partition(":")[2]
+    try:
+      built = module.get_config(file_arg)
+    except ValueError as e:
+      raise ValueError(f"--config {config} with preset {preset!r} (argument {file_arg!r}): "
+                       f"{e}; {how}") from None
+    if built.algorithm != preset:
+      raise ValueError(f"--config {config}: argument {file_arg!r} builds algorithm "
+                       f"{built.algorithm!r}, not the preset {preset!r}; {how}")
+    arguments[preset] = argument
+  return arguments
+
+
+def run_arguments(spec: RunSpec, config: ConfigArgument, overrides: Sequence[str]) -> list[str]:
+  """The trainer's arguments for one run (recorded in its COMMAND_FILE); `config` is the
+  --config text (a file without argument) or `check_config_argument`'s {preset: argument}."""
+  argument = (config[spec.preset] if isinstance(config, Mapping)
+              else config_argument(config, spec.preset))
+  return [f"--config={argument}", f"--workdir={spec.workdir}", f"--config.seed={spec.seed}",
+          *overrides]
 
 
 def compile_cache_env(root: str | os.PathLike) -> dict[str, str]:
@@ -101,7 +231,7 @@ def compile_cache_env(root: str | os.PathLike) -> dict[str, str]:
   return env
 
 
-def run_command(spec: RunSpec, config: str, overrides: Sequence[str]) -> list[str]:
+def run_command(spec: RunSpec, config: ConfigArgument, overrides: Sequence[str]) -> list[str]:
   """`env [cache settings] python -m rised_jax.main …`: runnable as is, here or by a scheduler
   (one cache directory on a shared file system serves every machine of one kind)."""
   root = spec.workdir.parent.parent
@@ -110,7 +240,7 @@ def run_command(spec: RunSpec, config: str, overrides: Sequence[str]) -> list[st
           *run_arguments(spec, config, overrides)]
 
 
-def check_command(spec: RunSpec, config: str, overrides: Sequence[str]) -> None:
+def check_command(spec: RunSpec, config: ConfigArgument, overrides: Sequence[str]) -> None:
   """A sub-workdir belongs to one set of arguments: records them, or checks the record.
 
   The trainer refuses to resume with a different config, but a finished run is skipped before
@@ -143,12 +273,50 @@ class RunResult:
   steps: int
   rollouts: int
   agent_tokens: int
+  train_seconds: float    # the step loop outside evaluation (`train_seconds`)
+  update_seconds: float   # the fused train steps alone (time/step)
 
 
 def _finite(value: Any, where: str) -> float:
   if not is_number(value):
     raise ValueError(f"{where} = {value!r}; expected a finite number")
   return float(value)
+
+
+def train_seconds(records: Sequence[Mapping[str, Any]], steps: int,
+                  where: str) -> tuple[float, float]:
+  """(loop seconds, update seconds) of a run from its per-step metrics.jsonl records.
+
+  Loop seconds: the sum over steps 1..steps of the stages the trainer times (time/<stage>:
+  roll-out, judge, advantages, select, teacher, batch, step, roll-out wait, weight sync),
+  without evaluation (time/eval) and without a roll-out that ran in the background while the
+  previous step trained (rollout/policy_lag = 1: its time overlaps the other stages). Update
+  seconds: time/step alone, the fused forward and backward passes with the teacher's and the
+  re-scoring forwards inside it (compile time included).
+  """
+  by_step = {}
+  for record in records:
+    if "time/step" in record:
+      step = record.get("step")
+      if step in by_step:
+        raise ValueError(f"{where}: two step records for step {step}")
+      by_step[step] = record
+  missing = [s for s in range(1, steps + 1) if s not in by_step]
+  if missing:
+    raise ValueError(f"{where}: no time/step record for step(s) {missing[:5]} of 1..{steps}; "
+                     "expected one per train step (a metrics.jsonl written by the trainer)")
+  loop = update = 0.0
+  for step in range(1, steps + 1):
+    record = by_step[step]
+    background = _finite(record.get("rollout/policy_lag", 0.0), f"{where}: step {step} "
+                         "rollout/policy_lag") > 0
+    for key, value in record.items():
+      if not key.startswith("time/") or key == "time/eval" or (background
+                                                               and key == "time/rollout"):
+        continue
+      loop += _finite(value, f"{where}: step {step} {key}")
+    update += _finite(record["time/step"], f"{where}: step {step} time/step")
+  return loop, update
 
 
 def load_run(workdir: str | os.PathLike) -> RunResult:
@@ -183,8 +351,11 @@ def load_run(workdir: str | os.PathLike) -> RunResult:
   rollouts = runlog.read_jsonl(workdir / runlog.ROLLOUTS_FILE)
   tokens = sum(int(_finite(r.get("agent_tokens"), f"{workdir / runlog.ROLLOUTS_FILE}: "
                            f"step {r.get('step')} agent_tokens")) for r in rollouts)
+  metrics_path = workdir / runlog.METRICS_FILE
+  loop, update = train_seconds(runlog.read_jsonl(metrics_path), int(steps), str(metrics_path))
   return RunResult(preset=str(preset), seed=int(seed), pipeline=pipeline, workdir=str(workdir),
-                   values=values, steps=int(steps), rollouts=len(rollouts), agent_tokens=tokens)
+                   values=values, steps=int(steps), rollouts=len(rollouts), agent_tokens=tokens,
+                   train_seconds=loop, update_seconds=update)
 
 
 def find_runs(root: str | os.PathLike) -> list[Path]:
@@ -209,18 +380,35 @@ def average_ranks(values: Mapping[str, float]) -> dict[str, float]:
 
 
 def marks(values: Mapping[str, float]) -> dict[str, str | None]:
-  """"first" for the best value (every tied one), "second" for the next distinct value."""
-  distinct = sorted({round(float(v), 12) for v in values.values()}, reverse=True)
+  """"first" for the best value (every tied one); "second" for the next distinct value only
+  when exactly one method is first (after a tie for first no method is second: the next one
+  is third)."""
+  keyed = {name: round(float(v), 12) for name, v in values.items()}
+  distinct = sorted(set(keyed.values()), reverse=True)
   place = {distinct[0]: "first"}
-  if len(distinct) > 1:
+  if len(distinct) > 1 and list(keyed.values()).count(distinct[0]) == 1:
     place[distinct[1]] = "second"
-  return {name: place.get(round(float(v), 12)) for name, v in values.items()}
+  return {name: place.get(value) for name, value in keyed.items()}
 
 
 def _summary(values: Sequence[float]) -> dict[str, Any]:
   low, high = stats.t_interval(values)
   return {"values": [float(v) for v in values], "mean": float(np.mean(values)),
           "ci_low": low, "ci_high": high}
+
+
+def paired_comparison(reference: Sequence[float], other: Sequence[float],
+                      bootstrap_seed: int = 0) -> dict[str, Any]:
+  """reference − other, paired by seed: the exact sign-flip p for "reference is better", the
+  paired Student-t interval (and its one-sided p), and the percentile bootstrap interval."""
+  diff = np.asarray(reference, np.float64) - np.asarray(other, np.float64)
+  flip = stats.sign_flip_test(diff)
+  t = stats.paired_t(reference, other)
+  boot = stats.paired_bootstrap(reference, other, seed=bootstrap_seed)
+  return {"mean_diff": flip.mean_diff, "sign_flip_p": flip.p_value, "sign_flip_min_p": flip.min_p,
+          "sign_flip_exact": flip.exact, "t_ci_low": t.ci_low, "t_ci_high": t.ci_high,
+          "t_p_greater": t.p_greater, "bootstrap_ci_low": boot.ci_low,
+          "bootstrap_ci_high": boot.ci_high}
 
 
 def _pipeline_table(results: Sequence[RunResult], reference: str | None,
@@ -246,9 +434,8 @@ def _pipeline_table(results: Sequence[RunResult], reference: str | None,
   for m in methods:
     per_seed[m][MEAN] = [float(np.mean([by_key[m, s].values[e] for e in envs])) for s in seeds]
   columns = [*envs, MEAN]
-  table = {m: {"per_env": {}, "rollouts": [by_key[m, s].rollouts for s in seeds],
-               "agent_tokens": [by_key[m, s].agent_tokens for s in seeds],
-               "steps": [by_key[m, s].steps for s in seeds]} for m in methods}
+  table = {m: {"per_env": {}, **{key: [getattr(by_key[m, s], key) for s in seeds]
+                                   for key in BUDGET}} for m in methods}
   for column in columns:
     means = {m: float(np.mean(per_seed[m][column])) for m in methods}
     ranks, places = average_ranks(means), marks(means)
@@ -262,14 +449,14 @@ def _pipeline_table(results: Sequence[RunResult], reference: str | None,
   if reference not in methods:
     raise ValueError(f"reference method {reference!r} has no runs; methods: {methods}")
   table = {reference: table.pop(reference), **table}   # the reference method leads the table
-  bootstrap = {}
+  paired = {}
   if len(seeds) >= 2:
     for m in methods:
       if m != reference:
-        bootstrap[m] = {c: dataclasses.asdict(stats.paired_bootstrap(
-            per_seed[reference][c], per_seed[m][c], seed=bootstrap_seed)) for c in columns}
+        paired[m] = {c: paired_comparison(per_seed[reference][c], per_seed[m][c],
+                                          bootstrap_seed) for c in columns}
   return {"metric": METRICS[results[0].pipeline], "reference": reference, "seeds": seeds,
-          "envs": envs, "methods": table, "bootstrap": bootstrap,
+          "envs": envs, "methods": table, "paired": paired,
           "runs": [{"preset": r.preset, "seed": r.seed, "workdir": r.workdir} for r in results]}
 
 
@@ -311,7 +498,8 @@ def format_markdown(comparison: Mapping[str, Any]) -> str:
     seeds = ", ".join(map(str, t["seeds"]))
     lines += [f"## {pipeline} pipeline: {t['metric']} (final held-out evaluation)", "",
               f"Mean over seeds {seeds} [95 % Student-t interval across seeds] (average rank "
-              "among the methods; 1 = best). **Bold**: first, _italic_: second. `mean` is the "
+              "among the methods; 1 = best). **Bold**: first, _italic_: second (only when one method "
+              "alone is first). `mean` is the "
               "unweighted mean over environments, per seed.", ""]
     rows = [[m, *(_cell(t["methods"][m]["per_env"][c]) for c in columns),
              f"{t['methods'][m]['mean_rank']:.2f}"] for m in methods]
@@ -320,20 +508,30 @@ def format_markdown(comparison: Mapping[str, Any]) -> str:
     rows = [[m, c, *(_number(v) for v in t["methods"][m]["per_env"][c]["values"])]
             for m in methods for c in columns]
     lines += _markdown_table(["method", "env", *(f"seed {s}" for s in t["seeds"])], rows) + [""]
-    lines += ["Budget per run (mean over seeds): rollouts and agent tokens logged in "
-              "rollouts.jsonl.", ""]
-    rows = [[m, *(f"{np.mean(t['methods'][m][key]):g}"
-                  for key in ("steps", "rollouts", "agent_tokens"))] for m in methods]
-    lines += _markdown_table(["method", "steps", "rollouts", "agent tokens"], rows) + [""]
-    if t["bootstrap"]:
-      lines += [f"Paired bootstrap (by seed) of {t['reference']} − method: mean difference "
-                "[95 % percentile interval], P(difference ≤ 0) over resamples.", ""]
-      rows = [[m, *(f"{_number(b[c]['mean_diff'])} [{_number(b[c]['ci_low'])}, "
-                    f"{_number(b[c]['ci_high'])}] p={b[c]['p_not_better']:.2f}"
-                    for c in columns)] for m, b in t["bootstrap"].items()]
+    lines += ["Budget per run (mean over seeds). Compute is measured train seconds, not "
+              "counted tokens (the logs hold no prompt or teacher token counts): `train s` is "
+              "the step loop outside evaluation (metrics.jsonl time/*: roll-outs with their "
+              "hinted prompts, judge, teacher, batch, update, weight sync; a background "
+              "roll-out's overlap not counted twice), `update s` the fused train steps alone "
+              "(forward and backward, the teacher's and hint-free re-scoring forwards; compile "
+              "time included). Rollouts and agent (generated) tokens are rollouts.jsonl's.", ""]
+    rows = [[m, *(f"{np.mean(t['methods'][m][key]):.4g}" for key in BUDGET)] for m in methods]
+    lines += _markdown_table(["method", "steps", "rollouts", "agent tokens", "train s",
+                              "update s"], rows) + [""]
+    if t["paired"]:
+      lines += [f"Paired by seed, {t['reference']} − method: mean difference; p = exact "
+                "one-sided sign-flip test of \"the difference is > 0\" over the 2^n sign "
+                "patterns (smallest reachable p: 1/2^n for n non-zero differences, 0.125 at 3 "
+                "seeds); t = 95 % paired Student-t interval; boot = 95 % percentile bootstrap "
+                "interval (anti-conservative at few seeds, shown for reference).", ""]
+      rows = [[m, *(f"{_number(p[c]['mean_diff'])}, p={p[c]['sign_flip_p']:.3f}, "
+                    f"t [{_number(p[c]['t_ci_low'])}, {_number(p[c]['t_ci_high'])}], "
+                    f"boot [{_number(p[c]['bootstrap_ci_low'])}, "
+                    f"{_number(p[c]['bootstrap_ci_high'])}]" for c in columns)]
+              for m, p in t["paired"].items()]
       lines += _markdown_table(["method", *columns], rows) + [""]
     else:
-      lines += ["No paired bootstrap: it needs at least two seeds.", ""]
+      lines += ["No paired tests: they need at least two seeds.", ""]
   return "\n".join(lines)
 
 
@@ -429,7 +627,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
   parser.add_argument("--workdir", help="comparison directory (one sub-workdir per run)")
   parser.add_argument("--list", action="store_true", help="print the unfinished runs' commands")
   parser.add_argument("--aggregate", metavar="DIR", help="only aggregate the runs under DIR")
-  parser.add_argument("--reference", help="the method the bootstrap compares against")
+  parser.add_argument("--reference", help="the method the paired tests compare against")
   parser.add_argument("--jobs", type=int, default=1,
                       help="runs at a time on this machine (default 1)")
   args, rest = parser.parse_known_args(argv)
@@ -446,12 +644,18 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.error("--aggregate DIR takes no overrides and no --list")
   if args.jobs < 1:
     parser.error(f"--jobs {args.jobs}: expected >= 1")
-  if args.config and not Path(args.config.partition(":")[0]).is_file():
-    parser.error(f"--config {args.config}: {args.config.partition(':')[0]} is not a file")
+  if args.config:
+    path, sep, file_arg = args.config.partition(":")
+    if not Path(path).is_file():
+      parser.error(f"--config {args.config}: {path} is not a file")
+    # Absolute: the commands run (and are listed for a scheduler) from any directory.
+    args.config = os.path.abspath(path) + sep + file_arg
+  if args.workdir:
+    args.workdir = os.path.abspath(args.workdir)
   return args, rest
 
 
-def _run_one(spec: RunSpec, config: str, overrides: Sequence[str]) -> str | None:
+def _run_one(spec: RunSpec, config: ConfigArgument, overrides: Sequence[str]) -> str | None:
   """Runs one unfinished spec; returns why it failed (None when it finished)."""
   log_path = spec.workdir / "compare.log"
   start = time.monotonic()
@@ -467,7 +671,7 @@ def _run_one(spec: RunSpec, config: str, overrides: Sequence[str]) -> str | None
   return None
 
 
-def run_all(specs: Sequence[RunSpec], config: str, overrides: Sequence[str],
+def run_all(specs: Sequence[RunSpec], config: ConfigArgument, overrides: Sequence[str],
             jobs: int = 1) -> list[str]:
   """Runs the unfinished specs, `jobs` at a time; returns the failures (with their logs)."""
   todo = []
@@ -487,14 +691,19 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.aggregate is not None:
     comparison = aggregate_dir(args.aggregate, args.reference)
   else:
+    try:
+      config = check_config_argument(args.config, args.presets)
+    except ValueError as e:
+      print(f"rised-compare: {e}", file=sys.stderr)
+      return 2
     specs = plan(args.workdir, args.presets, args.seeds)
-    write_plan(args.workdir, args.presets, args.seeds)
-    if args.list:
+    if args.list:   # prints only: no plan, no sub-workdir (a scheduler runs the commands)
       for spec in specs:
         if not is_finished(spec.workdir):
-          print(shlex.join(run_command(spec, args.config, overrides)))
+          print(shlex.join(run_command(spec, config, overrides)))
       return 0
-    failures = run_all(specs, args.config, overrides, args.jobs)
+    write_plan(args.workdir, args.presets, args.seeds)
+    failures = run_all(specs, config, overrides, args.jobs)
     if failures:
       print("rised-compare: no comparison written; failed runs:\n  " + "\n  ".join(failures),
             file=sys.stderr)

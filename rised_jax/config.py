@@ -11,7 +11,7 @@ before the model loads (and alone under `--dry_run`). The typed pieces (StepConf
 Algorithms are configs composing stages, not branches in the trainer:
 
   preset             selector          teacher  guidance  step
-  rised              rised (MMR)        on       on        GRPO seq-mean-token-mean
+  rised              rised (matching)   on       on        GRPO seq-mean-token-mean
   rised_no_select    random-from-pool   on       on
   rised_no_teacher   rised              off      on
   rised_no_guidance  rised              on       off
@@ -76,8 +76,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.envs.names = ["sokoban", "frozenlake", "countdown", "maze"]
   c.envs.difficulty = ml_collections.ConfigDict()   # per env name: {knob: value}
   c.envs.max_turns = 0                               # 0: each environment's own
+  # The reward bound: a step reward with |r| above it, or not finite in float32, is an
+  # environment error (its group is dropped and counted in rollout/env_errors).
+  c.envs.max_abs_reward = 1e6
   # name -> "package.module:Class": plug-ins under short names (no dots), one class
-  # under several names with their own difficulty (README "Bring your own environment").
+  # under several names with their own difficulty (docs/environments.md).
   c.envs.aliases = ml_collections.ConfigDict()
 
   c.rollout = ml_collections.ConfigDict()
@@ -86,6 +89,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.rollout.sglang = ml_collections.ConfigDict()
   c.rollout.sglang.timeout_s = 600.0       # deadline of one HTTP request as a whole
   c.rollout.sglang.retries = 3             # retries of a failed or invalid request
+  c.rollout.sglang.max_reply_bytes = 64 << 20   # largest reply read; a larger one fails its request
   # Where weight sync exports each version for the server to load: a directory on a filesystem
   # the SGLang host reads ("" = <workdir>/weights; needed when the workdir is a bucket URL).
   c.rollout.sglang.weight_dir = ""
@@ -155,6 +159,14 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.mini_batches = 1                 # successive updates per pass, each on 1/M of the rows
   c.train.max_nonfinite_steps = 3          # consecutive skipped (non-finite) steps end the run
   c.train.wandb = False                    # also log the scalars to W&B (offline; wandb_log.py)
+  # The MFU's denominator, FLOP/s of all devices; 0: the published peak of a listed device
+  # kind, else the measured matmul rate (learn/flops.py).
+  c.train.peak_flops_per_s = 0.0
+  # JAX's persistent compilation cache: "auto" ($JAX_COMPILATION_CACHE_DIR if set, else
+  # $RISED_JAX_CACHE/jax, default ~/.cache/rised_jax/jax), a directory, or "" for none.
+  c.train.compilation_cache = "auto"
+  # Steps [first, last) traced by jax.profiler into <workdir>/profile; [] for none.
+  c.train.profile_steps = []
 
   c.eval = ml_collections.ConfigDict()
   c.eval.episodes_per_env = 16
@@ -380,7 +392,7 @@ def validate(config: ml_collections.ConfigDict, stage_checks: Sequence[StageChec
   _check_known_keys(config, default_config())
   _check_values(config)
   _check_mesh(config, num_devices)
-  step_config(config)
+  _check_behaviour_sampling(config, step_config(config))
   optimizer_config(config)
   if config.rollout.group_size < 2:
     raise ValueError(f"config.rollout.group_size={config.rollout.group_size}: group advantages "
@@ -457,6 +469,8 @@ def _sizes(min_len: int) -> tuple[Callable[[Any], bool], str]:
 VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": _int_at_least(0),
     "envs.max_turns": (_int_at_least(0)[0], "an integer >= 0 (0: each environment's own)"),
+    "envs.max_abs_reward": ((lambda v: is_number(v) and 0 < v <= 3.4e38),
+                            "a number in (0, 3.4e38] (the largest |step reward| accepted)"),
     "rollout.temperature": (_number_at_least(0)[0], "a finite number >= 0 (0: greedy)"),
     "rollout.top_p": ((lambda v: is_number(v) and 0 < v <= 1), "a number in (0, 1]"),
     "rollout.top_k": (_int_at_least(0)[0], "an integer >= 0 (0: no top-k)"),
@@ -470,6 +484,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rollout.sglang.timeout_s": ((lambda v: is_number(v) and v > 0),
                                  "a finite number of seconds > 0 (the deadline of one request)"),
     "rollout.sglang.retries": _int_at_least(0),
+    "rollout.sglang.max_reply_bytes": (_int_at_least(1)[0], "an integer >= 1 (bytes)"),
     "judge.max_new_tokens": _int_at_least(1),
     "select.pool_groups": _int_at_least(1),
     "select.batch_groups": _int_at_least(1),
@@ -484,6 +499,13 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.max_nonfinite_steps": (_int_at_least(1)[0], "an integer >= 1 (consecutive non-finite "
                                                        "steps after which the run stops)"),
     "train.wandb": ((lambda v: isinstance(v, bool)), "True or False"),
+    "train.peak_flops_per_s": (_number_at_least(0)[0], "a finite number of FLOP/s >= 0 (0: the "
+                                                       "devices' published or measured peak)"),
+    "train.compilation_cache": ((lambda v: isinstance(v, str)),
+                                "a string: 'auto', a directory, or '' for no cache"),
+    "train.profile_steps": ((lambda v: isinstance(v, (list, tuple)) and (
+        len(v) == 0 or (len(v) == 2 and all(is_int(x) and x >= 0 for x in v) and v[0] < v[1]))),
+                            "[] or [first, last) with integers 0 <= first < last"),
     "eval.episodes_per_env": _int_at_least(1),
     "eval.seed_offset": _int_at_least(0),
     "eval.temperature": (_number_at_least(0)[0], "a finite number >= 0 (0: greedy)"),
@@ -497,6 +519,24 @@ def _check_values(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config.{key}={value!r}: expected {expected}")
   if config.algorithm not in PRESETS:
     raise ValueError(f"config.algorithm={config.algorithm!r}: expected one of {sorted(PRESETS)}")
+
+
+def _check_behaviour_sampling(config: ml_collections.ConfigDict, step) -> None:
+  """The behaviour importance weight needs log-probs of the distribution that sampled. With a
+  temperature other than 1 or top-p/top-k truncation the in-process engine reports the
+  untempered, untruncated log-probs and SGLang the tempered ones, so the weight's behaviour
+  policy would depend on the engine: refused (before the model loads)."""
+  if not step.behaviour_weight:
+    return
+  changed = [f"config.rollout.{key}={config.rollout[key]!r}"
+             for key, plain in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0))
+             if config.rollout[key] != plain]
+  if changed:
+    raise ValueError(
+        f"{', '.join(changed)} with config.step.behaviour_weight=True: the importance weight "
+        "would use the engine's log-probs, untempered in-process and tempered in SGLang; "
+        "expected rollout.temperature=1.0, rollout.top_p=1.0 and rollout.top_k=0, or "
+        "step.behaviour_weight=False (no behaviour correction)")
 
 
 def _check_mesh(config: ml_collections.ConfigDict, num_devices: int | None) -> None:

@@ -5,46 +5,30 @@
   python3 -m rised_jax.demo --model path/to/model.gguf|path/to/hf_dir|<packaged name>
 
 Each prompt is rendered with the model's chat template (a model without one, such as a base
-model, continues the raw text instead) and decoded greedily, all prompts as one batch. Each
-step reruns the full forward pass over a fixed-width buffer: one compiled function serves every
-step and prompt, at the cost of recomputing the prefix (no KV cache).
+model, continues the raw text instead) and decoded greedily, all prompts as one batch, by the
+KV-cache sampler training rolls out with (`rised_jax.rollout.jax_engine.JaxEngine`), on the
+device JAX finds (set JAX_PLATFORMS=cpu to force the CPU).
 """
 from __future__ import annotations
 
 import argparse
-import functools
-import os
 import sys
 import time
 from typing import Sequence
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import jax
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from rised_jax.model import Decoder, Tokenizer, from_pretrained, packaged  # noqa: E402
+from rised_jax.model import Decoder, Tokenizer, from_pretrained, packaged
+from rised_jax.rollout.base import GenerationRequest, SamplingParams
+from rised_jax.rollout.jax_engine import JaxEngine
 
 DEFAULT_PROMPTS = ("What is the capital of France?", "Name the three primary colors.")
-BUFFER_MULTIPLE = 64   # buffer widths are rounded up to this, so prompts share one compile
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _next_tokens(graphdef: nnx.GraphDef, state: nnx.State, ids: jax.Array,
-                 lengths: jax.Array) -> jax.Array:
-  """[B] argmax next tokens after the first lengths[b] tokens of each row of ids [B, W]."""
-  model = nnx.merge(graphdef, state)
-  mask = (jnp.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(jnp.int32)
-  hidden = model.hidden_states(ids, mask)
-  last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)[:, 0]
-  return jnp.argmax(model.logits(last), axis=-1)
+BUFFER_MULTIPLE = 64   # prompt buckets are rounded up to this, so prompts share one compile
 
 
 def greedy_generate(model: Decoder, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                     stop_token_ids: Sequence[int]) -> list[list[int]]:
-  """Greedy continuations of a batch of prompts (token ids).
+  """Greedy continuations of a batch of prompts (token ids), by the KV-cache sampler.
 
   A row ends after emitting a stop token (kept in its output) or `max_new_tokens` tokens.
   """
@@ -52,29 +36,18 @@ def greedy_generate(model: Decoder, prompts: Sequence[Sequence[int]], max_new_to
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
   if not prompts or any(len(p) == 0 for p in prompts):
     raise ValueError("every prompt needs at least one token")
-  lengths = np.array([len(p) for p in prompts], np.int32)
-  needed = int(lengths.max()) + max_new_tokens
+  longest = max(len(p) for p in prompts)
   limit = model.cfg.max_position_embeddings
-  if needed > limit:
-    raise ValueError(f"the longest prompt ({lengths.max()} tokens) plus max_new_tokens "
+  if longest + max_new_tokens > limit:
+    raise ValueError(f"the longest prompt ({longest} tokens) plus max_new_tokens "
                      f"({max_new_tokens}) exceeds the model's {limit} positions")
-  width = -(-needed // BUFFER_MULTIPLE) * BUFFER_MULTIPLE
-  ids = np.zeros((len(prompts), width), np.int32)
-  for row, prompt in enumerate(prompts):
-    ids[row, :len(prompt)] = prompt
-  graphdef, state = nnx.split(model)
-  stops = set(stop_token_ids)
-  outputs: list[list[int]] = [[] for _ in prompts]
-  active = np.ones(len(prompts), bool)
-  while active.any():
-    next_ids = np.asarray(_next_tokens(graphdef, state, ids, lengths))
-    for row in np.flatnonzero(active):
-      token = int(next_ids[row])
-      outputs[row].append(token)
-      ids[row, lengths[row]] = token
-      lengths[row] += 1
-      active[row] = token not in stops and len(outputs[row]) < max_new_tokens
-  return outputs
+  bucket = min(-(-longest // BUFFER_MULTIPLE) * BUFFER_MULTIPLE, limit - max_new_tokens)
+  stops = tuple(dict.fromkeys(int(t) for t in stop_token_ids))
+  engine = JaxEngine(model, max_batch=len(prompts), prompt_buckets=(bucket,),
+                     max_new_tokens_buckets=(max_new_tokens,), max_stop_tokens=max(len(stops), 1))
+  params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=stops)
+  results = engine.generate([GenerationRequest(list(p), params) for p in prompts])
+  return [list(result.output_ids) for result in results]
 
 
 def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
@@ -110,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   model, tokenizer = from_pretrained(args.model)
   cfg = model.cfg
   print(f"{args.model}: {cfg.model_type}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
-        f"vocab {cfg.vocab_size}; loaded in {time.perf_counter() - start:.1f} s")
+        f"vocab {cfg.vocab_size}; loaded in {time.perf_counter() - start:.1f} s; on "
+        f"{jax.devices()[0].platform} ({jax.device_count()} device(s))")
   if not tokenizer.chat_template:
     print("(no chat template: continuing the raw prompt text)")
   prompts = [prompt_ids(tokenizer, p) for p in args.prompts]
@@ -119,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   seconds = time.perf_counter() - start
   for prompt, answer in zip(args.prompts, answers):
     print(f"\n> {prompt}\n{tokenizer.decode(answer, skip_special_tokens=True).strip()}")
-  print(f"\n{sum(map(len, answers))} tokens in {seconds:.1f} s (greedy, full forward per step)")
+  print(f"\n{sum(map(len, answers))} tokens in {seconds:.1f} s (greedy, KV cache; the first call "
+        "compiles)")
   return 0
 
 

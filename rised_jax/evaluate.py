@@ -4,7 +4,10 @@ The evaluation set of an environment is its first `episodes` distinct instances 
 `envs.instance_key`) among the seeds seed_offset, seed_offset + 1, …: a fixed, seeded list, the
 same for every run of a config. Different seeds can generate the same instance, so counting
 seeds would count some games twice (and the training stream, `rised_jax.tasks`, skips these
-instances by key, not by seed). Pass rates and their Wilson intervals are over instances.
+instances by key, not by seed). The key is what the agent can tell apart: for a game seen in
+part (Maze's egocentric view) the first observation and the oracle's plan, so many layouts are
+one instance (`rised_jax.envs.base`, "Instance keys"). Pass rates and their Wilson intervals
+are over these distinct situations: "episodes" counts them, "tasks" the tasks evaluated.
 
 Each instance is played `samples` times (k) with the evaluation sampling settings: k = 1 with
 temperature 0 is the greedy pass rate (the default); k > 1 needs a temperature > 0 and gives
@@ -15,7 +18,7 @@ environment's own.
 Errored episodes (an exception in the environment, `AgentLoop`): the instance of an errored
 episode is left out of the pass rate — pass@k of an instance needs all k of its episodes, and
 counting a crash as a failure would charge the policy for the environment — and counted per
-environment as "env_errors" (episodes) next to "episodes" (the instances evaluated), logged as
+environment as "env_errors" (episodes) next to "episodes" (the situations evaluated), logged as
 eval/{env}/env_errors. An environment none of whose instances could be evaluated (every one
 errored, or lost to failed engine requests) has no pass rate: `evaluate` raises
 `EnvironmentFailure` rather than report a table without it.
@@ -86,17 +89,24 @@ def check_sampling(samples: Any, temperature: float) -> int:
 
 
 def pass_rates(groups: Sequence[Group]) -> dict[str, dict[str, float]]:
-  """Per environment, over instances (one group each): the share solved in at least one of
-  the group's episodes (pass@k; the success rate for k = 1), its 95 % Wilson interval, and
-  the instance count as "episodes"."""
-  by_env: dict[str, list[bool]] = {}
+  """Per environment, over distinct situations (`envs.instance_key`): the share solved in at
+  least one of a group's episodes (pass@k; the success rate for k = 1), its 95 % Wilson
+  interval, the situation count as "episodes" (the interval's n) and the evaluated tasks as
+  "tasks". An evaluation set (`eval_instances`) holds one task per situation, so the two
+  counts agree; tasks that repeat a situation under other seeds count once, solved only if
+  every one of them is (the agent cannot tell them apart, so they are one observation)."""
+  by_env: dict[str, dict[str, list[bool]]] = {}
   for group in groups:
-    by_env.setdefault(group.task.env, []).append(any(t.success for t in group.trajectories))
+    task = group.task
+    key = envs.instance_key(task.env, task.seed, task.difficulty)
+    by_env.setdefault(task.env, {}).setdefault(key, []).append(
+        any(t.success for t in group.trajectories))
   results = {}
-  for env, solved in by_env.items():
-    wins, n = sum(solved), len(solved)
+  for env, situations in by_env.items():
+    wins, n = sum(all(solved) for solved in situations.values()), len(situations)
     low, high = wilson_interval(wins, n)
-    results[env] = {"pass_rate": wins / n, "ci_low": low, "ci_high": high, "episodes": n}
+    results[env] = {"pass_rate": wins / n, "ci_low": low, "ci_high": high, "episodes": n,
+                    "tasks": sum(len(solved) for solved in situations.values())}
   return results
 
 

@@ -1,25 +1,19 @@
-"""Command line: `rised-train` and `rised-eval`.
-
-  rised-train --config experiments/configs/smollm2_cpu.py --workdir runs/x [--config.key=value …]
-  rised-train --config experiments/configs/smollm2_cpu.py --workdir runs/x --dry_run
-  rised-eval  --workdir runs/x [--step N] [--config FILE --config.key=value …]
+"""Command line: `rised-train` and `rised-eval` (usage and examples: `TRAIN_USAGE`, `EVAL_USAGE`).
 
 Rerunning `rised-train` with the same workdir resumes from its latest checkpoint. Multi-host
 runs (TPU pods, SLURM) pass --distributed, which calls `jax.distributed.initialize()` first.
+Overrides are ml_collections config_flags, parsed once; `--config.algorithm=NAME` re-applies
+that preset, then the other overrides. `rised-eval` reads the run's saved config.json (no
+repeated overrides) and writes eval_checkpoint_<step>.json into the workdir.
 
-Overrides (ml_collections config_flags, parsed once):
-  --config.train.steps=3                       scalars by the key's type
-  --config.envs.names=frozenlake,maze          lists comma-separated (`=` alone: empty list;
-  --config.rollout.stop_strings="['1', ',']"   a Python list literal for other elements)
-  --config.judge.options.model=m               new keys under any `options` (literal or string)
-  --config.algorithm=grpo                      re-applies that preset, then the other overrides
-`--dry_run` validates, prints the resolved config and its stages, and exits without loading a
-model. `rised-eval` reads the run's saved config.json (no repeated overrides) and writes
-eval_checkpoint_<step>.json into the workdir.
+`--help`, missing flags, unknown flags and (for rised-eval) a missing workdir are answered by
+`check_command_line` before absl parses anything: parsing `--config` runs the config file,
+which imports JAX.
 """
 from __future__ import annotations
 
 import ast
+import difflib
 import json
 import sys
 
@@ -68,6 +62,130 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "print the resolved config and it
 _STEP = flags.DEFINE_integer("step", None, "rised-eval: checkpoint step (default: latest)")
 
 
+TRAIN_USAGE = """\
+usage: rised-train --config FILE[:ARG] --workdir DIR [--config.KEY=VALUE ...] [--dry_run]
+                   [--distributed]
+
+Trains RISED, a baseline or CriPO as the experiment file says, in DIR; rerunning the same
+command resumes from DIR's last checkpoint, and a finished run only prints its table.
+
+flags:
+  --config FILE[:ARG]   experiment file (get_config(ARG)); ARG picks the preset and options,
+                        e.g. smollm2_cpu.py:grpo or rised_qwen3_multienv.py:rised,4b
+  --workdir DIR         run directory: logs, checkpoints, results.md (local, file:// or gs://)
+  --config.KEY=VALUE    override any key of the config (docs/config.md lists them all)
+  --dry_run             validate, print the resolved config and its stages, load nothing
+  --distributed         call jax.distributed.initialize() first (multi-host)
+  --helpfull            every flag, absl's own included
+
+examples:
+  rised-train --config experiments/configs/smollm2_cpu.py --workdir runs/smollm2_cpu
+  rised-train --config experiments/configs/smollm2_cpu.py:grpo --workdir runs/grpo
+  rised-train --config experiments/configs/cripo_cpu.py --workdir runs/cripo
+  rised-train --config experiments/configs/smollm2_cpu.py --workdir runs/x \\
+      --config.train.steps=3 --config.envs.names=frozenlake,maze --dry_run
+"""
+
+EVAL_USAGE = """\
+usage: rised-eval --workdir DIR [--step N] [--config FILE[:ARG] [--config.KEY=VALUE ...]]
+
+Evaluates a checkpoint of the run in DIR on its held-out instances (its own config.json, so no
+override is repeated), prints the run's results table (before training against this
+checkpoint) and writes DIR/eval_checkpoint_<step>.json, never overwriting an earlier one.
+
+flags:
+  --workdir DIR         a rised-train run directory
+  --step N              the checkpoint to evaluate (default: the latest)
+  --config FILE[:ARG]   evaluate under this config instead (it must match the run's)
+  --helpfull            every flag, absl's own included
+
+examples:
+  rised-eval --workdir runs/smollm2_cpu
+  rised-eval --workdir runs/smollm2_cpu --step 3
+"""
+
+_HELP = {"-h", "--help", "-help", "--h", "-?"}
+_ABSL_SPECIAL = {"flagfile", "undefok"}
+
+
+def check_command_line(argv: list[str], evaluating: bool) -> str | None:
+  """What is wrong with the command line before absl parses it, or None; "help" for --help.
+
+  Cheap on purpose (no config file is loaded): unknown flags, missing required ones, and for
+  rised-eval a local workdir that does not exist or holds no config.json without --config.
+  """
+  args = argv[1:]
+  if "--" in args:
+    args = args[:args.index("--")]
+  if any(arg in _HELP for arg in args):
+    return "help"
+  if "--helpfull" in args:
+    return None
+  given, i = set(), 0
+  while i < len(args):
+    arg, i = args[i], i + 1
+    if not arg.startswith("-"):
+      continue
+    name, has_value, _ = arg.lstrip("-").partition("=")
+    known = name in flags.FLAGS or name in _ABSL_SPECIAL or name.startswith("config.")
+    negated = name.startswith("no") and name[2:] in flags.FLAGS and flags.FLAGS[name[2:]].boolean
+    if not (known or negated):
+      close = difflib.get_close_matches(name, [*flags.FLAGS, "config.KEY"], n=1)
+      return f"unknown flag --{name}" + (f"; did you mean --{close[0]}?" if close else "")
+    given.add(name[2:] if negated else name)
+    takes_value = not negated and not (name in flags.FLAGS and flags.FLAGS[name].boolean)
+    if takes_value and not has_value:
+      i += 1   # `--flag value`
+  required = ["workdir"] if evaluating else ["config", "workdir"]
+  missing = [f"--{name}" for name in required if name not in given]
+  if missing:
+    return f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required"
+  if "config" in given:
+    config_file = _flag_value(args, "config").split(":", 1)[0]
+    if "://" not in config_file and not epath.Path(config_file).is_file():
+      return f"the config file {config_file} does not exist"
+  if evaluating:
+    return _check_eval_workdir(_flag_value(args, "workdir"), "config" in given)
+  return None
+
+
+def _flag_value(args: list[str], name: str) -> str:
+  """The last value given to --name (as `--name=v` or `--name v`)."""
+  value = None
+  for i, arg in enumerate(args):
+    if arg.startswith(f"--{name}="):
+      value = arg.split("=", 1)[1]
+    elif arg == f"--{name}" and i + 1 < len(args):
+      value = args[i + 1]
+  return value
+
+
+def _check_eval_workdir(workdir: str, has_config: bool) -> str | None:
+  if workdir.startswith("file://"):
+    workdir = workdir[len("file://"):]
+  elif "://" in workdir:
+    return None   # a bucket: checked when it is read
+  path = epath.Path(workdir)
+  if not path.exists():
+    return f"the workdir {workdir} does not exist"
+  if not has_config and not (path / "config.json").exists():
+    return (f"no config.json in the workdir {workdir} (not a rised-train run that loaded its "
+            "model?); pass --config FILE to evaluate under that config")
+  return None
+
+
+def _entry(program: str, usage: str, main, evaluating: bool) -> None:
+  argv = [program, *sys.argv[1:]]
+  problem = check_command_line(argv, evaluating)
+  if problem == "help":
+    print(usage, end="")
+    sys.exit(0)
+  if problem is not None:
+    print(f"{program}: error: {problem}\n(see {program} --help)", file=sys.stderr)
+    sys.exit(2)
+  app.run(main, argv=argv)
+
+
 def _config(evaluating: bool):
   """The config file's config with the command line's overrides (`--config.algorithm` re-applies
   its preset), or for `rised-eval` without --config the run's saved config.json."""
@@ -106,8 +224,10 @@ def _prepare(evaluating: bool = False):
 
 
 def _dry_run(config) -> None:
-  from rised_jax import config as config_lib, pipelines  # noqa: PLC0415
+  from rised_jax import config as config_lib, pipelines, trainer  # noqa: PLC0415
   pipelines.validate(config)
+  # Resolving checks a bucket URL's filesystem backend; a local workdir must be a directory.
+  trainer.check_workdir(_workdir())
   print(config.to_json_best_effort(indent=2, sort_keys=True))   # what the run saves
   print(config_lib.describe(config))
   print(f"dry run: the config is valid; nothing loaded (workdir {_WORKDIR.value})")
@@ -123,31 +243,37 @@ def _train(argv):
 def _eval(argv):
   del argv
   import jax  # noqa: PLC0415
-  from rised_jax import trainer  # noqa: PLC0415
+  from rised_jax import stats, trainer  # noqa: PLC0415
   config = _prepare(evaluating=True)
-  step = _STEP.value if _STEP.value is not None else _latest_step(_WORKDIR.value)
+  step, before = _checkpoint_to_evaluate(_WORKDIR.value, _STEP.value)
   results = trainer.evaluate_checkpoint(config, _WORKDIR.value, step)
-  text = json.dumps(results, indent=2, sort_keys=True)
-  print(text)
+  # Every checkpoint holds the evaluation before training, so this is the run's own table.
+  print(f"held-out results: before training against checkpoint {step}")
+  print(stats.format_pass_rate_table(before, results))
   if jax.process_index() == 0:
     path = _free_path(_workdir() / f"eval_checkpoint_{step}.json")
-    path.write_text(text + "\n")
+    path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     print(f"wrote {path}")
 
 
-def _latest_step(workdir: str) -> int:
-  """The newest checkpoint's step, found before any model is loaded."""
+def _checkpoint_to_evaluate(workdir: str, step: int | None) -> tuple[int, dict]:
+  """The step to evaluate (default: the newest) and the run's "before" evaluation it holds,
+  found before any model is loaded."""
   from rised_jax import checkpoint  # noqa: PLC0415
   from rised_jax import trainer  # noqa: PLC0415
   directory = trainer.resolve_workdir(workdir) / "checkpoints"
-  step = None
-  if directory.exists():
-    checkpointer = checkpoint.Checkpointer(directory)
-    step = checkpointer.latest_step()
-    checkpointer.close()
-  if step is None:
+  if not directory.exists():
     raise app.UsageError(f"no checkpoint in {directory} to evaluate")
-  return step
+  checkpointer = checkpoint.Checkpointer(directory)
+  try:
+    step = checkpointer.latest_step() if step is None else step
+    if step is None or step not in checkpointer.all_steps():
+      raise app.UsageError(f"no checkpoint {'' if step is None else step} in {directory} to "
+                           f"evaluate (there are: {sorted(checkpointer.all_steps())})")
+    before = checkpointer.restore_host(step)["history"]["before"]
+  finally:
+    checkpointer.close()
+  return step, dict(before)
 
 
 def _free_path(path: epath.Path) -> epath.Path:
@@ -160,11 +286,11 @@ def _free_path(path: epath.Path) -> epath.Path:
 
 
 def train_entry():
-  app.run(_train, argv=sys.argv)
+  _entry("rised-train", TRAIN_USAGE, _train, evaluating=False)
 
 
 def eval_entry():
-  app.run(_eval, argv=sys.argv)
+  _entry("rised-eval", EVAL_USAGE, _eval, evaluating=True)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ Four kinds of component can come from outside the package, each with its own ent
   kind         config key             entry-point group        object
   environment  envs.names             rised_jax.envs           a class (envs.base.EnvironmentProtocol)
   vocabulary   judge.vocabulary       rised_jax.vocabularies   a Vocabulary, entry list, JSON path
-                                                               or a callable returning one
+                                                               or a registered factory of one
   judge        judge.backend          rised_jax.judges         a rubrics.Judge subclass
   selector     select.name            rised_jax.selectors      a select.Selector subclass
 
@@ -17,6 +17,16 @@ importable: installed, or on sys.path / PYTHONPATH). Built-in names win over ent
 the same name. Every failure is a `PluginError` (a ValueError) naming the kind, the name and
 what went wrong (the module that did not import and why, the missing attribute, the protocol
 member the object lacks).
+
+Nothing a name resolves to is called unless it is of the documented kind: a class (checked
+against its protocol or base class first), or a function its module registered as a factory of
+the kind with the `factory` decorator:
+
+  @rised_jax.plugins.factory("vocabulary")
+  def my_vocabulary():
+    return [{"id": ..., "polarity": "+", "description": ...}, ...]
+
+A name that resolves to any other callable (`os:abort`) is a PluginError, never called.
 """
 from __future__ import annotations
 
@@ -31,6 +41,32 @@ GROUPS = {"environment": "rised_jax.envs", "vocabulary": "rised_jax.vocabularies
 
 class PluginError(ValueError):
   """A named component could not be found, imported or does not fit its protocol."""
+
+
+# kind -> the functions declared (`factory`) as building an object of that kind.
+_FACTORIES: dict[str, set[Callable[[], Any]]] = {kind: set() for kind in GROUPS}
+
+
+def factory(kind: str) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
+  """Decorator: declares a zero-argument function a factory of `kind` (module docstring), the
+  only kind of function a registry calls. Returns the function unchanged."""
+  if kind not in _FACTORIES:
+    raise ValueError(f"plugins.factory({kind!r}): expected one of {sorted(_FACTORIES)}")
+
+  def register(fn: Callable[[], Any]) -> Callable[[], Any]:
+    if not callable(fn) or isinstance(fn, type):
+      raise TypeError(f"plugins.factory({kind!r}) decorates a function, got {fn!r:.80}")
+    _FACTORIES[kind].add(fn)
+    return fn
+  return register
+
+
+def is_factory(kind: str, obj: Any) -> bool:
+  """Whether `obj` was declared a factory of `kind` with `factory`."""
+  try:
+    return obj in _FACTORIES[kind]
+  except TypeError:   # unhashable: no function
+    return False
 
 
 def is_import_path(name: Any) -> bool:

@@ -35,7 +35,8 @@ def rised_qwen3(algorithm: str, size: str, *, tpu: bool, envs: Sequence[str],
   """RISED at paper scale on Qwen3-`size` (a key of QWEN3_SIZES), before the preset.
 
   SGLang rollouts (G = 8, 256-token turns, `max_total_tokens` per episode), a Gemini judge,
-  K = 4B = 128 candidate groups (the regime where MMR beats random subsets), 300 steps; FSDP
+  K = 4B = 128 candidate groups (selection by composition matching: the batch's tag mix within
+  ~0.1x a random batch's squared distance of the pool's; docs/changes/selector.md), 300 steps; FSDP
   over one 8-GPU node, or with `tpu` over 16 chips of a pod slice. The checkpoint is
   $QWEN3_1P7B_DIR or $QWEN3_4B_DIR when set. `difficulty`: knobs per environment name.
   """

@@ -5,8 +5,9 @@ task list, in a fresh seeded order each epoch, for the rubric pipeline.
 Tasks cycle through the configured environments in order, each with the next seed of that
 environment that is neither held out nor generates a held-out instance: the evaluation set is
 a list of instances (`rised_jax.evaluate.eval_tasks`), and different seeds can generate the
-same instance (the same Wordle secret, the same Countdown numbers and target), so the stream
-skips every seed whose `envs.instance_key` is in `exclude[env]`. Seeds at and above
+same instance (the same Wordle secret, the same Countdown numbers and target, Maze layouts
+that look alike from the start and share their winning plan), so the stream skips every seed
+whose `envs.instance_key` (what the agent can tell apart) is in `exclude[env]`. Seeds at and above
 `eval_seed_offset` (where evaluation draws from) are never reached either.
 
 Small instance spaces repeat: `repeat_warnings(stream, count)` says, per environment, when the

@@ -30,16 +30,20 @@ checkpoint (`may_prefetch`), so a resumed run repeats the uninterrupted one exac
 rollout/policy_lag (1 for a background roll-out), time/rollout (its own duration) and
 time/rollout_wait (how long the step waited for it).
 
-Non-finite steps: the step applies no update when its loss or gradient is not finite
-(`train_step`); the trainer logs `train/skipped_nonfinite` and stops with
-`NonFiniteTrainingError` after `train.max_nonfinite_steps` consecutive ones, without
-checkpointing the failing step.
+Skipped steps: the step applies no update when its loss or gradient is not finite, or when
+its update would move the parameters by more than `step.max_update_ratio` times their norm
+(`train_step`); the trainer logs `train/skipped_nonfinite` and `train/skipped_large_update`
+and stops with `NonFiniteTrainingError` after `train.max_nonfinite_steps` consecutive skipped
+steps (of either kind), without checkpointing the failing step. A skipped step leaves the train
+state as it was, so every checkpoint holds a state that passed both guards: the one the error
+names is the state from before the fault.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import time
@@ -56,16 +60,21 @@ from flax import nnx
 
 from rised_jax import checkpoint, config as config_lib, parallel, pipelines, runlog, stats
 from rised_jax import model as model_lib
-from rised_jax.learn import batching, train_step
+from rised_jax.learn import batching, flops, train_step
 
 class NonFiniteTrainingError(RuntimeError):
-  """Too many consecutive steps with a non-finite loss or gradient norm."""
+  """Too many consecutive skipped steps (a non-finite loss or gradient, or an absurd update)."""
+
+
+# Why the step skipped its update: its metrics `skipped_<reason>` (train_step.make_step_fn).
+SKIP_REASONS = ("nonfinite", "large_update")
 
 
 @dataclasses.dataclass
 class RunHistory:
   """What a resumed run needs from before its restart: the "before" evaluation, the final
-  one (non-empty once the run has finished) and the current run of non-finite steps."""
+  one (non-empty once the run has finished) and the current run of skipped steps (non-finite
+  or too large an update; `nonfinite_streak` keeps its checkpointed name)."""
 
   before: dict[str, Any] = dataclasses.field(default_factory=dict)
   after: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -93,6 +102,7 @@ class Run:
   checkpointer: checkpoint.Checkpointer
   log: runlog.RunLog
   history: RunHistory
+  throughput: flops.Throughput
 
   def host_state(self) -> dict[str, checkpoint.HostState]:
     return {"history": self.history, **self.pipeline.host_state()}
@@ -104,8 +114,20 @@ def _say(message: str) -> None:
     tqdm.tqdm.write(message)
 
 
-# URL schemes etils.epath reads and writes (gpath's backends).
+# URL schemes etils.epath reads and writes (through fsspec), each with the package that fsspec
+# needs for it and the extra of this project that installs it (None: not packaged by us).
 BUCKET_SCHEMES = ("gs", "s3", "az")
+_BUCKET_BACKENDS = {"gs": ("gcsfs", "gcs"), "s3": ("s3fs", None), "az": ("adlfs", None)}
+
+
+def _check_bucket_backend(scheme: str, workdir: str) -> None:
+  """A bucket workdir fails at its first write when fsspec's backend for it is missing: say so
+  before anything loads (`--dry_run` included)."""
+  module, extra = _BUCKET_BACKENDS[scheme]
+  if importlib.util.find_spec(module) is None:
+    how = f"pip install 'rised_jax[{extra}]'" if extra else f"pip install {module}"
+    raise ValueError(f"workdir {workdir!r}: {scheme}:// paths are written through the "
+                     f"{module} package, which is not installed ({how})")
 
 
 def resolve_workdir(workdir: str | os.PathLike) -> epath.Path:
@@ -125,7 +147,23 @@ def resolve_workdir(workdir: str | os.PathLike) -> epath.Path:
   if scheme not in BUCKET_SCHEMES or not rest:
     raise ValueError(f"workdir {text!r}: expected a local path, a file:// URL or a bucket URL "
                      f"({', '.join(s + '://bucket/path' for s in BUCKET_SCHEMES)})")
+  _check_bucket_backend(scheme, text)
   return epath.Path(text)
+
+
+def check_workdir(workdir: epath.Path) -> None:
+  """A local workdir (resolved) is a directory or a path that can be made one: neither it nor
+  a parent is an existing file (which would fail as a bare NotADirectoryError later). Bucket
+  URLs are not checked here (that needs the bucket's credentials)."""
+  if "://" in os.fspath(workdir):
+    return
+  path = workdir
+  while not path.exists() and path.parent != path:
+    path = path.parent
+  if path.exists() and not path.is_dir():
+    what = "is" if path == workdir else f"lies under {path}, which is"
+    raise ValueError(f"--workdir {os.fspath(workdir)!r} {what} an existing file; expected a "
+                     "directory (existing, or a path the run can create)")
 
 
 def _engine(config: ml_collections.ConfigDict, model, tokenizer):
@@ -142,6 +180,7 @@ def _engine(config: ml_collections.ConfigDict, model, tokenizer):
                       weight_dir=_weight_dir(config),
                       timeout_s=config.rollout.sglang.timeout_s,
                       max_retries=config.rollout.sglang.retries,
+                      max_reply_bytes=config.rollout.sglang.max_reply_bytes,
                       vocab_size=model.cfg.vocab_size,
                       export_dtype=config.model.compute_dtype)
 
@@ -197,13 +236,39 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> e
   `config.workdir` and checks that the workdir's saved config (if any) is this one: everything
   that fails before any loading."""
   pipelines.validate(config, num_devices=jax.device_count())
+  use_compilation_cache(config)
   workdir = resolve_workdir(workdir)
+  check_workdir(workdir)
   with config.unlocked():
     config.workdir = os.fspath(workdir)
   if config.rollout.engine == "sglang":
     _weight_dir(config)
   _check_saved_config(workdir, config)
   return workdir
+
+
+def compilation_cache_dir(config: ml_collections.ConfigDict) -> str | None:
+  """Where compiled steps and samplers persist between runs (a resumed or repeated run loads
+  them instead of compiling): `train.compilation_cache`, "auto" meaning JAX's own setting
+  (JAX_COMPILATION_CACHE_DIR) if any, else $RISED_JAX_CACHE/jax (default
+  ~/.cache/rised_jax/jax); None for no cache."""
+  setting = config.train.compilation_cache
+  if not setting:
+    return None
+  if setting == "auto":
+    setting = jax.config.jax_compilation_cache_dir or os.path.join(
+        os.environ.get("RISED_JAX_CACHE", "~/.cache/rised_jax"), "jax")
+  return os.path.abspath(os.path.expanduser(setting))
+
+
+def use_compilation_cache(config: ml_collections.ConfigDict) -> None:
+  """Points JAX's persistent compilation cache at `compilation_cache_dir` (re-initialising it
+  when an earlier compile in this process fixed another directory, or none)."""
+  from jax.experimental.compilation_cache import compilation_cache  # noqa: PLC0415
+  directory = compilation_cache_dir(config)
+  if (directory or None) != (jax.config.jax_compilation_cache_dir or None):
+    compilation_cache.set_cache_dir(directory)
+    compilation_cache.reset_cache()
 
 
 def _load_model(config: ml_collections.ConfigDict):
@@ -239,12 +304,15 @@ def _build(config: ml_collections.ConfigDict, workdir: epath.Path) -> Run:
   # the state's while step 1 rolls out.
   engine = _engine(config, trainable.compute_model(state, copy=config.rollout.async_rollouts),
                    tokenizer)
+  throughput = flops.Throughput.for_devices(
+      model.cfg, config.model.compute_dtype, ref_kl=trainable.config.ref_kl_coef > 0,
+      peak_flops_per_s=config.train.peak_flops_per_s)
   run = Run(config=config, tokenizer=tokenizer, trainable=trainable, state=state,
             engine=engine, pipeline=pipelines.make_pipeline(config, engine, tokenizer),
             checkpointer=_checkpointer(config, workdir),
             log=runlog.RunLog(workdir, enabled=jax.process_index() == 0,
                               wandb=_wandb_scalars(config, workdir)),
-            history=RunHistory())
+            history=RunHistory(), throughput=throughput)
   _write_config(workdir, config)
   return run
 
@@ -277,35 +345,48 @@ def assemble(run: Run, rows: list[batching.Row]):
 
 
 def update(run: Run, batch, compiled_shapes: set | None = None) -> dict[str, float]:
-  """One fused step. With `compiled_shapes`, a batch shape not in it (the step compiles for
-  it) is announced and the compile time JAX reports is printed."""
+  """One fused step, with its throughput (`flops.Throughput`, compile time excluded) and
+  `time/compile/cache_hits`. With `compiled_shapes`, a batch shape not in it (the step
+  compiles for it) is announced and the compile time JAX reports is printed."""
   shape = tuple(np.shape(batch["input_ids"]))
-  if compiled_shapes is None or shape in compiled_shapes:
+  announce = compiled_shapes is not None and shape not in compiled_shapes
+  if announce:
+    _say(f"compiling the train step for a batch of {shape[0]} × {shape[1]} tokens…")
+  with _compile_events() as compiles:
+    start = time.perf_counter()
     run.state, metrics = run.trainable.step(run.state, run.trainable.put_batch(batch))
-    return {k: float(v) for k, v in metrics.items()}
-  _say(f"compiling the train step for a batch of {shape[0]} × {shape[1]} tokens…")
-  with _compile_seconds() as seconds:
-    run.state, metrics = run.trainable.step(run.state, run.trainable.put_batch(batch))
-    metrics = {k: float(v) for k, v in metrics.items()}
-  compiled_shapes.add(shape)
-  _say(f"compiled the train step in {seconds[0]:.1f} s")
+    metrics = {k: float(v) for k, v in metrics.items()}   # waits for the step
+    seconds = time.perf_counter() - start
+  if announce:
+    compiled_shapes.add(shape)
+    hit = " (from the compilation cache)" if compiles["cache_hits"] else ""
+    _say(f"compiled the train step in {compiles['seconds']:.1f} s{hit}")
+  metrics.update(run.throughput.step_metrics(batch, seconds - compiles["seconds"]))
+  metrics["time/compile/cache_hits"] = float(compiles["cache_hits"])
   return metrics
 
 
 @contextlib.contextmanager
-def _compile_seconds():
-  """Seconds JAX spends tracing, lowering and compiling inside the block (its own events)."""
-  total = [0.0]
+def _compile_events():
+  """Seconds JAX spends tracing, lowering and compiling (or loading from the persistent
+  cache) inside the block, and its persistent-cache hits: {"seconds", "cache_hits"}."""
+  counts = {"seconds": 0.0, "cache_hits": 0}
 
-  def listener(event: str, duration: float, **_):
+  def on_duration(event: str, duration: float, **_):
     if event.startswith("/jax/core/compile/"):
-      total[0] += duration
+      counts["seconds"] += duration
 
-  jax.monitoring.register_event_duration_secs_listener(listener)
+  def on_event(event: str, **_):
+    if event == "/jax/compilation_cache/cache_hits":
+      counts["cache_hits"] += 1
+
+  jax.monitoring.register_event_duration_secs_listener(on_duration)
+  jax.monitoring.register_event_listener(on_event)
   try:
-    yield total
+    yield counts
   finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
+    jax.monitoring.unregister_event_duration_listener(on_duration)
+    jax.monitoring.unregister_event_listener(on_event)
 
 
 def sync_weights(run: Run, version: int) -> None:
@@ -380,7 +461,9 @@ def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) 
   bar = tqdm.trange(start, steps, initial=start, total=steps, desc="train",
                     disable=jax.process_index() != 0)
   prefetched = None   # (record, seconds) of this step, rolled out while the last step trained
+  profiler = _Profiler(config, start)
   for step in bar:
+    profiler.before(step)
     timer = _StageTimer()
     metrics: dict[str, float] = {"rollout/policy_lag": float(prefetched is not None)}
     if prefetched is None:
@@ -405,10 +488,10 @@ def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) 
     if future is not None:
       with timer("rollout_wait"):   # the engine must be idle before it takes new weights
         prefetched = future.result()
-    skipped = step_metrics.pop("skipped_nonfinite")
+    skipped = {reason: step_metrics.pop(f"skipped_{reason}") for reason in SKIP_REASONS}
     metrics.update(step_metrics)
-    metrics["train/skipped_nonfinite"] = skipped
-    history.nonfinite_streak = history.nonfinite_streak + 1 if skipped else 0
+    metrics.update({f"train/skipped_{reason}": v for reason, v in skipped.items()})
+    history.nonfinite_streak = history.nonfinite_streak + 1 if any(skipped.values()) else 0
     with timer("sync"):
       sync_weights(run, step + 1)
     p.observe(record)
@@ -425,9 +508,12 @@ def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) 
     metrics.update(timer.seconds)
     run.log.scalars(done, metrics)
     p.log_rollouts(run.log, done, record)
+    _say(step_line(done, steps, metrics))
     bar.set_postfix(loss=f"{metrics['loss']:.4g}", reward=f"{metrics['rollout/reward']:.3f}",
                     pass_rate=f"{last_pass:.3f}", refresh=False)
+    profiler.after(done)
     if failed:
+      profiler.after(steps)
       _stop_nonfinite(run, done)
     if done % config.train.checkpoint_every == 0 or done == steps:
       run.checkpointer.save(done, run.state, run.host_state())
@@ -439,12 +525,15 @@ def _stop_nonfinite(run: Run, done: int) -> None:
   run.checkpointer.close()   # finishes the saves of earlier (finite) steps
   run.log.close()
   last = run.checkpointer.latest_step()
+  ratio = run.config.step.max_update_ratio
   raise NonFiniteTrainingError(
-      f"steps {done - limit + 1}..{done}: the loss or gradient norm was not finite in "
-      f"{limit} consecutive steps (config.train.max_nonfinite_steps={limit}); no update was "
-      f"applied for them and the last good state is checkpoint {last} in "
-      f"{run.checkpointer.directory}. Lower config.optim.learning_rate or check the data; see "
-      f"'loss' and 'grad_norm' in {run.log.path(runlog.METRICS_FILE)}")
+      f"steps {done - limit + 1}..{done}: {limit} consecutive steps were skipped "
+      f"(config.train.max_nonfinite_steps={limit}): the loss or gradient norm was not finite, "
+      f"or the update was larger than config.step.max_update_ratio={ratio} times the "
+      f"parameters' norm; no update was applied for them and the last good state is checkpoint "
+      f"{last} in {run.checkpointer.directory}. Lower config.optim.learning_rate or check the "
+      f"data; see 'loss', 'grad_norm', 'update_ratio' and 'train/skipped_*' in "
+      f"{run.log.path(runlog.METRICS_FILE)}")
 
 
 def _finished_history(config: ml_collections.ConfigDict,
@@ -459,7 +548,10 @@ def _finished_history(config: ml_collections.ConfigDict,
     if step != config.train.steps:
       return None
     history = RunHistory()
-    history.load_state_dict(checkpointer.restore_host(step)["history"])
+    try:
+      history.load_state_dict(checkpointer.restore_host(step)["history"])
+    except checkpoint.CorruptCheckpointError:
+      return None   # `resume` sets it aside, with a warning, and resumes from an intact one
     return history if history.after else None
   finally:
     checkpointer.close()
@@ -475,13 +567,17 @@ def _report(log: runlog.RunLog, history: RunHistory) -> dict[str, Any]:
 
 
 def resume(run: Run) -> int:
-  """Restores the latest checkpoint, if any, and rewinds the logs to it (to nothing when no
-  checkpoint committed: a fresh start); returns the step to continue from."""
-  step = run.checkpointer.latest_step()
+  """Restores the newest intact checkpoint, if any, and rewinds the logs to it (to nothing
+  when no checkpoint committed: a fresh start); returns the step to continue from. A corrupt
+  newer checkpoint is moved aside with a warning (`Checkpointer.restore_latest`); when every
+  one is corrupt the run stops with CorruptCheckpointError rather than start from nothing."""
+  step, state, set_aside = run.checkpointer.restore_latest(run.state, run.host_state())
+  for problem in set_aside:
+    _say(f"warning: {problem}; resuming from the previous intact checkpoint, step {step}")
   if step is None:
     run.log.rewind(None)
     return 0
-  run.state = run.checkpointer.restore(step, run.state, run.host_state())
+  run.state = state
   sync_weights(run, step)
   run.log.rewind(step)
   _say(f"resumed from step {step} of {run.checkpointer.directory}")
@@ -500,6 +596,55 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | os.Pat
   results = run.pipeline.evaluate()
   run.checkpointer.close()
   return results
+
+
+class _Profiler:
+  """`train.profile_steps = [first, last)`: a jax.profiler trace of those steps (TensorBoard's
+  profile plugin or Perfetto read it) in <workdir>/profile. A run resumed inside the window
+  traces from its first step."""
+
+  def __init__(self, config: ml_collections.ConfigDict, start: int):
+    window = tuple(config.train.profile_steps)
+    self.window = window if window and window[1] > start else ()
+    self.directory = os.fspath(epath.Path(config.workdir) / "profile")
+    self.active = False
+
+  def before(self, step: int) -> None:
+    if self.window and not self.active and self.window[0] <= step < self.window[1]:
+      jax.profiler.start_trace(self.directory)
+      self.active = True
+
+  def after(self, done: int) -> None:
+    if self.active and done >= self.window[1]:
+      jax.profiler.stop_trace()
+      self.active = False
+
+
+# (stage, its token count in the step's metrics, what the tokens are) of the per-step line.
+_RATED_STAGES = (("rollout", "rollout/agent_tokens", "generated"),
+                 ("step", "loss_tokens", "trained"))
+
+
+def step_line(done: int, steps: int, metrics: dict[str, float]) -> str:
+  """The line printed after each step: the roll-out's and the update's seconds with their
+  tokens per second (where the pipeline counts them), the evaluation's, and the rest."""
+  parts = [f"step {done}/{steps}"]
+  for stage, tokens_key, what in _RATED_STAGES:
+    seconds = metrics.get(f"time/{stage}")
+    if seconds is None:
+      continue
+    tokens = metrics.get(tokens_key)
+    rate = (f" ({tokens:,.0f} tokens {what}, {tokens / seconds:,.1f} tokens/s)"
+            if tokens is not None and seconds > 0 else "")
+    parts.append(f"{stage} {seconds:.1f} s{rate}")
+  if "time/eval" in metrics:
+    parts.append(f"eval {metrics['time/eval']:.1f} s")
+  shown = {f"time/{stage}" for stage, _, _ in _RATED_STAGES} | {"time/eval"}
+  # Stage seconds are time/<stage>; time/<group>/<name> are other wall-clock values (rates).
+  rest = sum(v for k, v in metrics.items()
+             if k.startswith("time/") and k.count("/") == 1 and k not in shown)
+  parts.append(f"other stages {rest:.1f} s")
+  return " | ".join(parts)
 
 
 class _StageTimer:

@@ -18,3 +18,23 @@ the repo root on sys.path and names each test module by its path (tests.learn.te
 `from tests.helpers import …` works under `python -m pytest tests` and `pytest FILE` alike,
 and equal basenames in different folders do not clash. No test file imports another test file.
 """
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+_INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
+def pytest_collection_modifyitems(items):
+  """Tiers (`make test-fast` deselects the last three): tests under tests/integration/ are
+  `integration`; tests in a module that imports subprocess (they start whole runs, servers or
+  scripts) are `subprocess`; `slow` and `sglang` are set by hand."""
+  for item in items:
+    path = Path(str(item.fspath)).resolve()
+    if _INTEGRATION in path.parents:
+      item.add_marker(pytest.mark.integration)
+    module = getattr(item, "module", None)
+    if module is not None and "subprocess" in vars(module):
+      item.add_marker(pytest.mark.subprocess)

@@ -4,7 +4,7 @@ path ("tests.learning_envs:Signpost") through the public protocol (`rised_jax.en
 It stays at tests/ top level, not in tests/helpers/: its import path is the environment's name,
 which the training task stream and the sampling seeds hash, so moving it changes every seed of
 the learning test (with tests.helpers.learning_envs:Signpost, seed 0 ended at 25/64 instead of
-64/64: the 100-step result depends on the seed stream; README "Learning test").
+64/64: the 100-step result depends on the seed stream; docs/performance.md, "The main job").
 
 Signpost is the simplest game a policy can only win by reading its observation: one turn, the
 observation names the winning move in words, and two painted details vary besides it, so

@@ -43,7 +43,10 @@ def test_average_ranks_and_marks_with_ties():
   assert compare.marks(values) == {"b": "first", "a": "second", "c": "second", "d": None}
   tied_top = {"a": 0.3, "b": 0.3, "c": 0.2}
   assert compare.average_ranks(tied_top) == {"a": 1.5, "b": 1.5, "c": 3}
-  assert compare.marks(tied_top) == {"a": "first", "b": "first", "c": "second"}
+  # A tie for first leaves no second: c is third.
+  assert compare.marks(tied_top) == {"a": "first", "b": "first", "c": None}
+  assert compare.marks({"a": 0.3, "b": 0.2, "c": 0.2}) == {"a": "first", "b": "second",
+                                                           "c": "second"}
   # Equal up to float error is a tie: (0.1 + 0.2) vs 0.3.
   assert compare.average_ranks({"a": 0.1 + 0.2, "b": 0.3}) == {"a": 1.5, "b": 1.5}
 
@@ -73,21 +76,31 @@ def test_aggregate_hand_worked(fake_root):
   np.testing.assert_allclose(m["rised"]["per_env"]["mean"]["values"], [0.35, 0.4, 0.45])
   assert [m[k]["per_env"]["mean"]["rank"] for k in ("rised", "grpo", "dapo")] == [1, 2, 3]
   assert m["rised"]["rollouts"] == [8, 8, 8] and m["grpo"]["agent_tokens"] == [12, 12, 12]
-  # Paired bootstrap rised − grpo on maze: differences [0.1, 0, 0.2]; mean 0.1; the resampled
-  # mean is <= 0 only when all three draws are the 0 (probability 1/27).
-  boot = table["bootstrap"]["grpo"]["maze"]
-  assert boot["mean_diff"] == pytest.approx(0.1)
-  assert boot["p_not_better"] == pytest.approx(1 / 27, abs=0.01)
-  assert boot["ci_low"] == pytest.approx(0.0, abs=1e-12) and boot["ci_high"] == pytest.approx(0.2)
-  assert sorted(table["bootstrap"]) == ["dapo", "grpo"]
+  assert m["rised"]["train_seconds"] == [4.0, 4.0, 4.0]   # 2 steps × (roll-out 1 s + step 1 s)
+  assert m["rised"]["update_seconds"] == [2.0, 2.0, 2.0]
+  # rised − grpo on maze: differences [0.1, 0, 0.2]. Sign flips of (±0.1, ±0.2) (the 0 flips to
+  # itself): only (+, +) reaches the observed mean, p = 1/4. Paired t: mean 0.1, s = 0.1,
+  # t = √3 on 2 df, P(T > √3) = ½ (1 − √(3/5)). Bootstrap: resamples of {0.1, 0, 0.2}.
+  paired = table["paired"]["grpo"]["maze"]
+  assert paired["mean_diff"] == pytest.approx(0.1)
+  assert paired["sign_flip_p"] == pytest.approx(0.25) and paired["sign_flip_min_p"] == 0.25
+  t_half = T_975[3] * 0.1 / math.sqrt(3)
+  assert (paired["t_ci_low"], paired["t_ci_high"]) == pytest.approx((0.1 - t_half, 0.1 + t_half))
+  assert paired["t_p_greater"] == pytest.approx(0.5 * (1 - math.sqrt(3 / 5)))
+  assert paired["bootstrap_ci_low"] == pytest.approx(0.0, abs=1e-12)
+  assert paired["bootstrap_ci_high"] == pytest.approx(0.2)
+  # sokoban: equal pass rates on every seed: all differences 0, p = 1.
+  assert table["paired"]["grpo"]["sokoban"]["sign_flip_p"] == 1.0
+  assert sorted(table["paired"]) == ["dapo", "grpo"]
   again = compare.aggregate([compare.load_run(p) for p in compare.find_runs(fake_root)])
-  assert again["pipelines"]["agentic"]["bootstrap"] == table["bootstrap"]   # seeded
+  assert again["pipelines"]["agentic"]["paired"] == table["paired"]   # seeded
   # The files: strict JSON (NaN → null), the Markdown marks.
   written = json.loads((fake_root / "comparison.json").read_text())
   assert written["pipelines"]["agentic"]["methods"]["rised"]["mean_rank"] == 1.75
   text = (fake_root / "comparison.md").read_text()
   assert f"| rised | **0.600 [{0.6 - half:.3f}, {0.6 + half:.3f}]** (1) |" in text
   assert "| grpo | _0.500 [" in text and "| 2.25 |" in text
+  assert "0.100, p=0.250, t [" in text and "| rised | 2 | 8 | 24 | 4 | 2 |" in text
 
 
 def test_aggregate_rubric_pipeline_and_reference(tmp_path):
@@ -101,19 +114,21 @@ def test_aggregate_rubric_pipeline_and_reference(tmp_path):
   half = T_975[2] * np.std([0.6, 0.8], ddof=1) / math.sqrt(2)
   np.testing.assert_allclose([science["ci_low"], science["ci_high"]], [0.7 - half, 0.7 + half])
   other = compare.aggregate_dir(tmp_path, reference="grpo_rubric")["pipelines"]["rubric"]
-  assert list(other["bootstrap"]) == ["cripo"]
-  assert other["bootstrap"]["cripo"]["science"]["mean_diff"] == pytest.approx(-0.2)
+  assert list(other["paired"]) == ["cripo"]
+  assert other["paired"]["cripo"]["science"]["mean_diff"] == pytest.approx(-0.2)
+  # grpo_rubric − cripo = [−0.1, −0.3] is the lowest of the 4 sign patterns: p = 1.
+  assert other["paired"]["cripo"]["science"]["sign_flip_p"] == 1.0
 
 
-def test_one_seed_has_no_interval_and_no_bootstrap(tmp_path):
+def test_one_seed_has_no_interval_and_no_paired_tests(tmp_path):
   write_run(tmp_path, "rised", 0, {"maze": 0.5})
   write_run(tmp_path, "grpo", 0, {"maze": 0.25})
   table = compare.aggregate_dir(tmp_path)["pipelines"]["agentic"]
-  assert table["bootstrap"] == {}
+  assert table["paired"] == {}
   assert math.isnan(table["methods"]["rised"]["per_env"]["maze"]["ci_low"])
   assert json.loads((tmp_path / "comparison.json").read_text())["pipelines"]["agentic"][
       "methods"]["rised"]["per_env"]["maze"]["ci_low"] is None
-  assert "No paired bootstrap" in (tmp_path / "comparison.md").read_text()
+  assert "No paired tests" in (tmp_path / "comparison.md").read_text()
 
 
 def test_aggregate_errors(tmp_path):
@@ -137,9 +152,84 @@ def test_aggregate_errors(tmp_path):
     compare.aggregate_dir(tmp_path / "empty")
 
 
-def test_config_argument_and_arguments():
-  assert compare.config_argument("c.py", "grpo") == "c.py:grpo"
-  assert compare.config_argument("c.py:easy", "grpo") == "c.py:grpo,easy"
+EXPERIMENT = """
+from rised_jax import config as config_lib
+from rised_jax import config_args
+
+
+def get_config(arg=None):
+  args = config_args.parse_arg(arg, {declaration})
+  c = config_lib.default_config()
+  c.algorithm = args.algorithm
+  return config_lib.apply_preset(c)
+"""
+
+
+def _experiment(tmp_path, declaration: str) -> str:
+  path = tmp_path / f"exp_{abs(hash(declaration))}.py"
+  path.write_text(EXPERIMENT.format(declaration=declaration))
+  return str(path)
+
+
+def test_config_argument_places_the_preset_by_the_files_declaration(tmp_path):
+  tiny_keys = compare.declared_keys(str(TINY_CONFIG))
+  assert list(tiny_keys) == ["algorithm", "setting"] and tiny_keys["algorithm"] == "rised"
+  t = str(TINY_CONFIG)
+  assert compare.config_argument(t, "grpo") == f"{t}:grpo"
+  assert compare.config_argument(f"{t}:easy", "grpo", tiny_keys) == f"{t}:grpo,easy"
+  # Issue 21.7: the argument already names the algorithm: it is replaced, not prepended to.
+  assert compare.config_argument(f"{t}:rised,easy", "grpo", tiny_keys) == f"{t}:grpo,easy"
+  assert compare.config_argument(f"{t}:setting=easy,algorithm=rised", "dapo", tiny_keys) == (
+      f"{t}:setting=easy,algorithm=dapo")
+  assert compare.config_argument(f"{t}:setting=easy,rised", "dapo", tiny_keys) == (
+      f"{t}:setting=easy,dapo")
+  # A bare flag is not the algorithm.
+  flagged = _experiment(tmp_path, 'algorithm="cripo", local=False')
+  keys = compare.declared_keys(flagged)
+  assert compare.config_argument(f"{flagged}:local", "grpo_rubric", keys) == (
+      f"{flagged}:grpo_rubric,local")
+  assert compare.config_argument(f"{flagged}:cripo,local", "grpo_rubric", keys) == (
+      f"{flagged}:grpo_rubric,local")
+  # Every preset's config is built before any run: the command of point 7.
+  assert compare.check_config_argument(f"{t}:rised,easy", ["rised", "grpo"]) == {
+      "rised": f"{t}:rised,easy", "grpo": f"{t}:grpo,easy"}
+
+
+@pytest.mark.parametrize("declaration,argument,message", [
+    # Prepended, the preset becomes the size and 1.7b the algorithm.
+    ('size="4b", algorithm="rised"', "1.7b", r"config\.algorithm='1\.7b'.*write the file argument"),
+    ('size="4b"', "", "declares no 'algorithm' key"),
+    ('algorithm="rised"', "rised,x", r"every positional key is given.*write the file argument"),
+])
+def test_config_argument_refusals_say_how_to_write_it(tmp_path, declaration, argument, message):
+  path = _experiment(tmp_path, declaration)
+  config = f"{path}:{argument}" if argument else path
+  with pytest.raises(ValueError, match=message):
+    compare.check_config_argument(config, ["grpo"])
+
+
+def test_list_prints_absolute_commands_and_writes_nothing(tmp_path, monkeypatch, capsys):
+  """Point 7's call, listed (no training): each preset replaces the file's algorithm; a
+  relative --config and --workdir come out absolute; the comparison directory is not made."""
+  monkeypatch.chdir(REPO)
+  code = compare.main(["--config", "experiments/configs/tiny_cpu.py:rised,easy",
+                       "--presets", "rised,grpo", "--seeds", "0", "--workdir",
+                       os.path.relpath(tmp_path / "cmp", REPO), "--list"])
+  assert code == 0
+  lines = [shlex.split(line) for line in capsys.readouterr().out.splitlines()]
+  configs = [next(a for a in line if a.startswith("--config=")) for line in lines]
+  workdirs = [next(a for a in line if a.startswith("--workdir=")) for line in lines]
+  assert configs == [f"--config={TINY_CONFIG}:rised,easy", f"--config={TINY_CONFIG}:grpo,easy"]
+  assert workdirs == [f"--workdir={tmp_path / 'cmp' / p / 'seed_0'}" for p in ("rised", "grpo")]
+  assert not (tmp_path / "cmp").exists()
+  # A refused argument stops before anything runs or is written.
+  code = compare.main(["--config", f"{TINY_CONFIG}:rised,easy,smoke", "--presets", "rised",
+                       "--seeds", "0", "--workdir", str(tmp_path / "cmp")])
+  assert code == 2 and "write the file argument" in capsys.readouterr().err
+  assert not (tmp_path / "cmp").exists()
+
+
+def test_parse_args_refusals():
   with pytest.raises(SystemExit):
     compare.parse_args(["--config", str(TINY_CONFIG), "--presets", "rised", "--seeds", "0",
                         "--workdir", "x", "--config.seed=3"])
@@ -237,13 +327,19 @@ def test_rised_compare_end_to_end_tiny(tmp_path):
   # Rollouts: one step of K groups × G; rised K = 8, grpo K = B = 2; G = 4 (tiny_cpu.py).
   assert table["methods"]["rised"]["rollouts"] == [32, 32]
   assert table["methods"]["grpo"]["rollouts"] == [8, 8]
-  assert set(table["bootstrap"]) == {"grpo"}
+  assert set(table["paired"]) == {"grpo"}
   # The logged x-axis counters agree with the rollouts.jsonl budget.
   for (preset, seed), _ in evals.items():
     lines = (root / preset / f"seed_{seed}" / "metrics.jsonl").read_text().splitlines()
     progress = [json.loads(line) for line in lines if "progress/rollouts" in line][-1]
     assert progress["progress/rollouts"] == table["methods"][preset]["rollouts"][seed]
     assert progress["progress/agent_tokens"] == table["methods"][preset]["agent_tokens"][seed]
+    # Train seconds: every timed stage of the step records but evaluation (no async roll-outs).
+    timed = [json.loads(line) for line in lines if '"time/step"' in line]
+    loop = sum(v for r in timed for k, v in r.items() if k.startswith("time/") and k != "time/eval")
+    assert table["methods"][preset]["train_seconds"][seed] == pytest.approx(loop)
+    assert table["methods"][preset]["update_seconds"][seed] == pytest.approx(
+        sum(r["time/step"] for r in timed))
   text = (root / "comparison.md").read_text()
   assert text in done.stdout and "| rised |" in text
   if os.path.exists(root / "comparison.png"):

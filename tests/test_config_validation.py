@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -113,3 +116,88 @@ def test_build_checks_the_mesh_against_the_devices_before_loading_the_model(tmp_
   config.model.source = str(tmp_path / "no_such_model")   # loading it would fail differently
   with pytest.raises(ValueError, match=r"config\.mesh: .*needs \d+ devices, found"):
     trainer.build(config, tmp_path / "run")
+
+
+# Issue 23, point 8: each was accepted by validation and failed only once the model had loaded
+# (some naming an engine's argument instead of the key); now each is refused first, naming the
+# key, the value and what is expected.
+_REMOTE = {"envs.names": ["alfworld"],
+           "envs.aliases": {"alfworld": "rised_jax.envs.remote:ALFWorld"}}
+LATE_ERRORS = [
+    ({"envs.difficulty.maze.width": -3},
+     r"config\.envs\.difficulty\.maze=\{.*'width': -3.*\}: maze: width must be an integer in "
+     r"\[2, 12\], got -3"),
+    ({"envs.names": ["maze"], "envs.difficulty": {"maze": {"width": "3"}}},
+     r"config\.envs\.difficulty\.maze=\{'width': '3'\}: maze: width must be an integer in "
+     r"\[2, 12\], got '3'"),
+    ({**_REMOTE, "envs.difficulty": {"alfworld": {"url": "file:///etc/passwd", "items": 3}}},
+     r"config\.envs\.difficulty\.alfworld=.*alfworld: url must be an http\(s\) URL, got "
+     r"'file:///etc/passwd'"),
+    ({**_REMOTE, "envs.difficulty": {"alfworld": {"url": "http://envhost:36001", "items": 0}}},
+     r"config\.envs\.difficulty\.alfworld=.*alfworld: items must be an integer in \[1, "
+     r"1000000000\], got 0"),
+    ({"eval.pass_at_k": 9},
+     r"config\.eval\.pass_at_k=9 with config\.eval\.temperature=0\.0: .*needs a temperature > 0"),
+    ({"rollout.prompt_buckets": [8]},
+     r"config\.rollout\.prompt_buckets=\[8\]: expected a bucket >= 767, the longest prompt "
+     r"config\.rollout\.max_total_tokens=768 allows"),
+    ({"rollout.new_token_buckets": [2]},
+     r"config\.rollout\.new_token_buckets=\[2\]: expected a bucket >= "
+     r"config\.rollout\.max_new_tokens_per_turn=4"),
+    ({"rollout.engine": "sglang", "rollout.sglang_url": "notaurl"},
+     r"config\.rollout\.sglang_url='notaurl': expected the SGLang server's http\(s\) URL"),
+    ({"judge.vocabulary": "os:abort"},
+     r"vocabulary 'os:abort' is the callable <built-in function abort>, not declared a "
+     r"vocabulary factory, so it is not called"),
+]
+
+
+@pytest.mark.parametrize("edits, message", LATE_ERRORS)
+def test_inputs_that_failed_after_the_model_loaded_are_refused_by_validation(edits, message):
+  config = _tiny()
+  for dotted, value in edits.items():
+    config_lib._set(config, dotted, value)
+  with pytest.raises(ValueError, match=message) as error:
+    pipelines.validate(config)
+  assert "\n" not in str(error.value)
+
+
+def test_a_workdir_that_is_a_file_is_refused_before_anything_loads(tmp_path):
+  (tmp_path / "afile").write_text("x")
+  for workdir in (tmp_path / "afile", tmp_path / "afile" / "run"):
+    with pytest.raises(ValueError, match=rf"--workdir '{workdir}' (is|lies under .*afile, which "
+                                         r"is) an existing file; expected a directory"):
+      trainer.check_workdir(trainer.resolve_workdir(workdir))
+  trainer.check_workdir(trainer.resolve_workdir(tmp_path / "new" / "run"))   # to be created
+  config = _tiny()
+  config.model.source = str(tmp_path / "no_such_model")   # loading it would fail differently
+  with pytest.raises(ValueError, match=r"--workdir .*afile' is an existing file"):
+    trainer.build(config, tmp_path / "afile")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config.judge.vocabulary=os:abort"],
+     "vocabulary 'os:abort' is the callable <built-in function abort>, not declared"),
+    (["--config.envs.difficulty.maze.width=-3"],
+     "config.envs.difficulty.maze={"),
+    (["--config.rollout.prompt_buckets=8"], "config.rollout.prompt_buckets=[8]: expected"),
+    (["WORKDIR_IS_A_FILE"], "is an existing file; expected a directory"),
+])
+def test_dry_run_refuses_them_with_the_key_on_its_last_line(tmp_path, args, message):
+  """`rised-train --dry_run` in a subprocess: a clean exit code 1 (os:abort was rc -6, the
+  process killed during validation), the error on the last line of stderr."""
+  workdir = tmp_path / "run"
+  if args == ["WORKDIR_IS_A_FILE"]:
+    workdir.write_text("not a directory")
+    args = []
+  code = "import sys; from rised_jax import main; sys.argv[0] = 'rised-train'; main.train_entry()"
+  proc = subprocess.run(
+      [sys.executable, "-c", code, f"--config={CONFIGS / 'tiny_cpu.py'}",
+       f"--workdir={workdir}", "--dry_run", f"--config.model.source={tmp_path / 'none'}", *args],
+      cwd=tmp_path, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+      timeout=300)
+  assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("ValueError: ") or last.startswith("rised_jax."), last
+  assert message in last, last
+  assert "dry run: the config is valid" not in proc.stdout

@@ -3,6 +3,7 @@ raw UnicodeDecodeError, RecursionError or ValueError, and never load silently.""
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -51,7 +52,9 @@ def test_task_file_errors_name_file_and_line(tmp_path, third_line, message):
 
 def test_a_long_but_ordinary_number_still_loads(tmp_path):
   path = _task_file(tmp_path, _task_with_weight("1." + "5" * 300))
-  assert tasks.load_jsonl(path).tasks[1].criteria[0].weight == 1.5555555555555556
+  # Read exactly as written (the weight is the file's decimal, not its nearest float).
+  weight = tasks.load_jsonl(path).tasks[1].criteria[0].weight
+  assert weight == Fraction("1." + "5" * 300) and float(weight) == 1.5555555555555556
 
 
 LATIN1_VOCAB = json.dumps(GOOD_VOCAB).encode().replace(b"Is polite", b"Is p\xf6lite")

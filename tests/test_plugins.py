@@ -22,6 +22,7 @@ GAMES = '''
 """A game, a vocabulary, a judge and a selector that rised_jax has never heard of."""
 import numpy as np
 
+from rised_jax import plugins
 from rised_jax.rubrics.judge import Judge, JudgeStats
 from rised_jax.select.base import Selector
 from rised_jax.types import Verdict
@@ -101,6 +102,15 @@ class NeedsUrl(Corridor):
 
 
 NOT_A_CLASS = 3
+
+
+@plugins.factory("vocabulary")
+def vocab_factory():
+  return list(VOCAB)
+
+
+def undeclared_vocab():
+  raise AssertionError("an undeclared callable was called")
 '''
 
 
@@ -248,3 +258,16 @@ def test_one_training_step_on_the_outside_environment(games, tmp_path):
   assert sorted({e["instance"] for e in episodes}) == sorted(
       {f"corridor:{1 + s % 6}" for s in (offset, offset + 1)})
   assert {e["env"] for e in lines("eval.jsonl")} == {"corridor"}
+
+
+def test_only_a_declared_factory_is_called(games):
+  """A vocabulary name that resolves to a function is called only when its module declared it
+  with `plugins.factory("vocabulary")`; `os:abort` (rc -6 during validation before) and an
+  undeclared function of the plug-in module are refused without being called."""
+  assert rubrics.Vocabulary.load("byo_games:vocab_factory").ids == ["walks_right", "never_moves"]
+  for name in ("byo_games:undeclared_vocab", "os:abort"):
+    with pytest.raises(ValueError, match=rf"vocabulary {name!r} is the callable .*not declared "
+                                         r"a vocabulary factory, so it is not called"):
+      rubrics.Vocabulary.load(name)
+  with pytest.raises(ValueError, match=r"plugins\.factory\('vocabularies'\): expected one of"):
+    plugins.factory("vocabularies")

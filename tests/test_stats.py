@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+import scipy.stats
 
 from rised_jax import stats
 
@@ -103,3 +104,127 @@ def test_paired_bootstrap_is_paired_and_seeded():
 def test_paired_bootstrap_rejects_bad_input(a, b, match):
   with pytest.raises(ValueError, match=match):
     stats.paired_bootstrap(a, b)
+
+
+# ----------------------------------------------------------------------------- sign-flip test
+
+
+def _exact_sign_flip_p(integer_differences) -> float:
+  """P(Σ ±|d_i| >= Σ d_i) over uniform signs, by convolving the distribution of the signed sum
+  (integers only: an oracle that enumerates nothing and shares no code with stats)."""
+  counts = {0: 1}
+  for value in integer_differences:
+    step = abs(int(value))
+    nxt = {}
+    for total, ways in counts.items():
+      for signed in {step, -step}:   # a zero flips to itself: one pattern, counted twice
+        nxt[total + signed] = nxt.get(total + signed, 0) + ways * (2 if step == 0 else 1)
+    counts = nxt
+  observed = sum(int(v) for v in integer_differences)
+  return sum(w for t, w in counts.items() if t >= observed) / sum(counts.values())
+
+
+@pytest.mark.parametrize("differences,expected", [
+    ([0.1, 0.0, 0.2], 1 / 4),       # the issue's case: patterns of (±0.1, ±0.2), only (+, +)
+    ([0.3, 0.3], 1 / 4),            # two equal differences: 1/4, not 0
+    ([0.5], 1 / 2),
+    ([1.0, -2.0, 3.0], 3 / 8),      # sums 6, 4, 2 of the 8 reach the observed 2
+    ([0.1, 0.2, -0.3], 5 / 8),      # observed 0 ties two patterns whatever the rounding
+    ([0.0, 0.0], 1.0),
+    ([0.2, 0.2, 0.2, 0.2, 0.2], 1 / 32),
+])
+def test_sign_flip_hand_worked(differences, expected):
+  result = stats.sign_flip_test(differences)
+  assert result.p_value == pytest.approx(expected, abs=1e-15)
+  assert result.exact and result.mean_diff == pytest.approx(np.mean(differences))
+  assert result.nonzero == sum(d != 0 for d in differences)
+  assert result.min_p == 1 / 2 ** result.nonzero
+
+
+def test_sign_flip_three_seeds_cannot_reach_005():
+  rng = np.random.default_rng(1)
+  for _ in range(200):
+    assert stats.sign_flip_test(rng.normal(size=3)).p_value >= 0.125
+
+
+def test_sign_flip_matches_scipy_permutation_test():
+  rng = np.random.default_rng(5)
+  for n in (2, 3, 4, 5, 7, 9):
+    for _ in range(6):
+      a = rng.integers(0, 5, n) / 8        # pass rates: ties and zero differences happen
+      b = rng.integers(0, 5, n) / 8
+      reference = scipy.stats.permutation_test(
+          (a, b), lambda x, y, axis=-1: np.mean(x - y, axis=axis), vectorized=True,
+          permutation_type="samples", alternative="greater", n_resamples=10 ** 6)
+      assert stats.sign_flip_test(a - b).p_value == pytest.approx(reference.pvalue, abs=1e-12)
+
+
+def test_sign_flip_matches_the_convolution_oracle_exact_and_monte_carlo():
+  rng = np.random.default_rng(11)
+  for n in (6, 12, 20):
+    d = rng.integers(-6, 10, n)
+    assert stats.sign_flip_test(d.astype(float)).p_value == pytest.approx(
+        _exact_sign_flip_p(d), abs=1e-12)
+  d = rng.integers(-3, 8, 26)                    # above the exact limit: seeded Monte Carlo
+  d[d == 0] = 1
+  result = stats.sign_flip_test(d.astype(float), seed=3, resamples=40_000)
+  exact = _exact_sign_flip_p(d)
+  assert not result.exact and result.patterns == 40_000
+  assert abs(result.p_value - exact) < 4 * math.sqrt(exact * (1 - exact) / 40_000) + 1e-4
+  assert result == stats.sign_flip_test(d.astype(float), seed=3, resamples=40_000)
+
+
+def test_sign_flip_size_under_the_null_at_five_seeds():
+  # Given the magnitudes, a symmetric null makes each of the 32 sign patterns equally likely:
+  # P(p < 0.05) is the share of patterns with p < 0.05, exactly 1/32 for distinct magnitudes.
+  rng = np.random.default_rng(2)
+  for _ in range(20):
+    magnitudes = np.abs(rng.normal(size=5))
+    rejections = 0
+    for pattern in itertools.product((-1, 1), repeat=5):
+      rejections += stats.sign_flip_test(magnitudes * pattern).p_value < 0.05
+    assert rejections / 32 == 1 / 32
+  # Simulated: paired N(0, 1) and Laplace differences.
+  for draw in (rng.normal, rng.laplace):
+    rate = np.mean([stats.sign_flip_test(draw(size=5)).p_value < 0.05 for _ in range(4000)])
+    assert rate <= 0.05 and rate == pytest.approx(1 / 32, abs=4 * math.sqrt(1 / 32 / 4000))
+
+
+@pytest.mark.parametrize("values,match", [([], "at least one"), ([0.1, float("nan")], "non-finite")])
+def test_sign_flip_rejects_bad_input(values, match):
+  with pytest.raises(ValueError, match=match):
+    stats.sign_flip_test(values)
+
+
+# ----------------------------------------------------------------------------- paired t
+
+
+def test_paired_t_hand_worked():
+  # d = [0.1, 0, 0.2]: mean 0.1, s = 0.1, t = 0.1 / (0.1/√3) = √3 on 2 df.
+  result = stats.paired_t([0.5, 0.6, 0.7], [0.4, 0.6, 0.5])
+  assert result.t == pytest.approx(math.sqrt(3)) and result.df == 2
+  # P(T_2 > √3) = ½ (1 − √3/√(3 + 2)) for 2 df.
+  assert result.p_greater == pytest.approx(0.5 * (1 - math.sqrt(3) / math.sqrt(5)))
+  assert result.p_two_sided == pytest.approx(1 - math.sqrt(3) / math.sqrt(5))
+  half = 4.302652729749464 * 0.1 / math.sqrt(3)
+  np.testing.assert_allclose([result.ci_low, result.ci_high], [0.1 - half, 0.1 + half])
+  flat = stats.paired_t([0.5, 0.7], [0.4, 0.6])
+  assert math.isnan(flat.p_greater) and flat.ci_low == pytest.approx(0.1) == flat.ci_high
+
+
+def test_paired_t_matches_scipy_ttest_rel():
+  rng = np.random.default_rng(4)
+  for n in (2, 3, 5, 10):
+    a, b = rng.normal(size=n), rng.normal(size=n)
+    result = stats.paired_t(a, b, confidence=0.9)
+    two = scipy.stats.ttest_rel(a, b)
+    greater = scipy.stats.ttest_rel(a, b, alternative="greater")
+    ci = two.confidence_interval(confidence_level=0.9)
+    assert (result.t, result.p_two_sided, result.p_greater) == pytest.approx(
+        (two.statistic, two.pvalue, greater.pvalue), rel=1e-10)
+    assert (result.ci_low, result.ci_high) == pytest.approx((ci.low, ci.high), rel=1e-10)
+
+
+def test_paired_t_rejects_bad_input():
+  with pytest.raises(ValueError, match=">= 2"):
+    stats.paired_t([0.5], [0.4])

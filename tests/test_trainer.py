@@ -201,6 +201,20 @@ def test_a_failed_build_leaves_no_config_and_spellings_are_one_run(tiny_model, t
   run.checkpointer.close()
 
 
+def test_a_bucket_workdir_without_its_filesystem_package_is_refused_before_loading(monkeypatch):
+  """gs:// without gcsfs used to fail 30 s into a run, at the first write; now resolve_workdir
+  (which --dry_run and build call first) names the missing package and the extra."""
+  import importlib.util  # noqa: PLC0415
+  real_find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name in ("gcsfs", "s3fs") else
+                      real_find_spec(name, *a))
+  with pytest.raises(ValueError, match=r"gs://b/run.*gcsfs.*rised_jax\[gcs\]"):
+    trainer.resolve_workdir("gs://b/run")
+  with pytest.raises(ValueError, match=r"s3://b/run.*s3fs.*pip install s3fs"):
+    trainer.resolve_workdir("s3://b/run")
+
+
 def test_a_bucket_workdir_is_kept_verbatim_and_written_through_epath(tiny_model, tmp_path,
                                                                      monkeypatch):
   """gs://bucket/run stays a URL (it used to become ./gs:/bucket/run): with epath's backend
@@ -223,6 +237,8 @@ def test_a_bucket_workdir_is_kept_verbatim_and_written_through_epath(tiny_model,
   # Orbax asks the GCS API whether the bucket has a hierarchical namespace; the fake has none.
   from orbax.checkpoint._src.path import gcs_utils  # noqa: PLC0415
   monkeypatch.setattr(gcs_utils, "is_hierarchical_namespace_enabled", lambda path: False)
+  # The fake bucket is a local directory: gcsfs (the `gcs` extra) is not needed for it.
+  monkeypatch.setattr(trainer, "_check_bucket_backend", lambda scheme, workdir: None)
   fns = ("copy", "exists", "glob", "isdir", "listdir", "makedirs", "mkdir", "open", "remove",
          "rename", "replace", "rmtree", "stat", "walk")
   with epath.testing.mock_epath(**{name: remapped for name in fns}):

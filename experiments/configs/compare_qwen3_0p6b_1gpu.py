@@ -9,8 +9,8 @@ rised_no_teacher,rised_no_guidance,rised_select_success,rised_generic_teacher,ri
 Argument (rised_jax.config_args): the preset (rised-compare supplies it; default rised).
 The in-process JAX sampler (one process holds policy and sampler, so no second server competes for
 the device), the rule-based judge (offline, deterministic), bfloat16 compute over float32 master
-weights, with remat. K = 4B (32 candidate groups, 8 trained on), the regime in which RISED's
-selection differs from a random subset (select/rised.py); grpo_matched rolls out the same 32 groups
+weights, with remat. K = 4B (32 candidate groups, 8 trained on; RISED's selection matches the
+pool's tag mix, docs/rised.md explains the 4); grpo_matched rolls out the same 32 groups
 per step as RISED. 64 held-out episodes per environment.
 Hardware: one GPU with ≥ 40 GB (H100 / H200 / A100-80GB) or a TPU v5e/v6e chip.
 Expected time — NOT MEASURED: this config has not been run. A guess from the CPU runs' stage

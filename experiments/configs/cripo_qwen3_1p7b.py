@@ -12,7 +12,7 @@ which reloads the weights the trainer exports after every step, and the judge. O
 
 starts the rollout server, waits for /health, trains, and stops it; the judge runs on another
 host (`python -m sglang.launch_server --model-path /models/Qwen3-32B --port 30001 --tp 4`), or
-on the same node with --judge-model DIR --judge-gpus (README, "Running at scale").
+on the same node with --judge-model DIR --judge-gpus (docs/scale.md).
 Bring RaR-Medicine / RaR-Science-style data with --config.rubric.tasks=FILE.jsonl (the format is in
 rised_jax/rubric_tasks/tasks.py); the default is the built-in offline set.
 

@@ -1,5 +1,5 @@
 """RISED at paper scale on real suites: Qwen3-1.7B or 4B on BabyAI, ScienceWorld and TextWorld
-Express (`make envs` installs the suites and Java; README, "Real environment suites").
+Express (`make envs` installs the suites and Java; docs/environments.md).
 
   # 1. an SGLang server for rollouts (CUDA SGLang; it serves /update_weights_from_disk):
   python -m sglang.launch_server --model-path $QWEN3_DIR --port 30000
@@ -23,7 +23,7 @@ from rised_jax import config as config_lib
 from rised_jax import config_args
 from rised_jax import recipes
 
-# ScienceWorld tasks whose gold sequences mostly fit 100 turns (README table: boil's reach 164).
+# ScienceWorld tasks whose gold sequences mostly fit 100 turns (docs/environments.md table: boil's reach 164).
 SCIENCEWORLD_TASKS = "find-living-thing,find-plant,boil,melt,test-conductivity,power-component"
 BABYAI_LEVELS = "GoToLocal,PickupLoc,PutNextLocal,OpenDoor,UnlockPickup"
 DIFFICULTY = {

@@ -10,7 +10,7 @@
   experiments/launch/tpu_pod.sh --tpu NAME --zone ZONE --workdir gs://BUCKET/rised_4b \
       --config experiments/configs/rised_qwen3_multienv.py:rised,4b,tpu \
       --sglang-url http://SGLANG_HOST:30000 --weight-dir /mnt/shared/rised_4b_weights
-(README, "Running at scale", explains the flags.)
+(docs/scale.md explains the flags.)
 
 Argument (rised_jax.config_args): "ALGORITHM,SIZE[,tpu][,local]", default "rised,4b": ALGORITHM
 a preset of rised_jax.config (rised, grpo, dapo, variance, env_curriculum, ablations); SIZE 4b

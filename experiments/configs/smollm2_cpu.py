@@ -46,7 +46,7 @@ def get_config(arg: str | None = None):
   c.rollout.batch_buckets = [16, 32]
   c.rollout.prompt_buckets = [384, 640]
   c.rollout.new_token_buckets = [16]
-  # K = 4B (RISED's selection only differs from a random subset from about 4x); B = 1 keeps
+  # K = 4B, as every RISED config (docs/rised.md: why 4); B = 1 keeps
   # the rollouts per step (the CPU budget) where K = 4, B = 2 had them.
   c.select.pool_groups = 4
   c.select.batch_groups = 1

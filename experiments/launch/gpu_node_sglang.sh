@@ -7,7 +7,8 @@
 #   experiments/launch/gpu_node_sglang.sh --model DIR --config CONFIG --workdir DIR \
 #       [--server-gpus 0] [--train-gpus 1,2,3,4,5,6,7] [--port 30000] [--server-args "ARGS"] \
 #       [--judge-model DIR --judge-gpus 4,5,6,7 [--judge-port 30001]] \
-#       [--sglang-python python3] [--health-timeout 1800] [--dry-run] [-- extra rised-train flags]
+#       [--sglang-python python3] [--health-timeout 1800] [--setup] [--detach | --attach | --stop] \
+#       [--dry-run] [-- extra rised-train flags]
 #
 #   --model        the policy checkpoint (HF layout); the server starts on it and rised-train
 #                  loads it (config.model.source)
@@ -23,6 +24,11 @@
 #                  over --judge-gpus, port --judge-port; the config's judge base_url must point
 #                  at it (the CriPO configs use http://127.0.0.1:30001/v1)
 #   --server-args  extra flags for the policy server (e.g. "--mem-fraction-static 0.8")
+#   --setup        first install this checkout with the `cuda` extra (jax[cuda12]) at the versions
+#                  of requirements/lock.txt (SGLang itself lives in --sglang-python's environment)
+#   --detach       run all of the above in the background (setsid nohup: the job outlives the
+#                  shell), logging to WORKDIR/launch.log; --attach follows that log, --stop ends
+#                  the job (servers included); rerunning the same command resumes the run
 #   --dry-run      print the commands, start nothing
 #
 # Server flags, and why: --enable-deterministic-inference honours the per-request sampling_seed
@@ -34,6 +40,8 @@ source "$(dirname "$0")/lib.sh"
 
 model="" config="" workdir="" server_gpus=0 train_gpus=1,2,3,4,5,6,7 port=30000 server_args=""
 judge_model="" judge_gpus=4,5,6,7 judge_port=30001 python=python3 health_timeout=1800 dry_run=0
+setup=0 action=run
+all_args=("$@")
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -50,14 +58,39 @@ while [ $# -gt 0 ]; do
     --sglang-python) python=${2:?--sglang-python needs a value}; shift 2 ;;
     --health-timeout) health_timeout=${2:?--health-timeout needs a value}; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
+    --setup) setup=1; shift ;;
+    --detach) action=detach; shift ;;
+    --attach) action=attach; shift ;;
+    --stop) action=stop; shift ;;
     -h|--help) usage ;;
     --) shift; extra=("$@"); break ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
+[ -n "$workdir" ] || die "--workdir DIR is required"
+case "$action" in
+  attach) run tail -n 100 -F "$workdir/launch.log"; exit ;;
+  stop)
+    [ "$dry_run" = 1 ] || [ -f "$workdir/launch.pid" ] || die "no $workdir/launch.pid: nothing was started with --detach"
+    run kill -TERM -- "-$(cat "$workdir/launch.pid" 2>/dev/null || echo PID)"; exit ;;
+  detach)
+    # The same command without --detach (or --dry-run), as its own session; --setup runs in it.
+    again=()
+    for arg in "${all_args[@]}"; do
+      case "$arg" in --detach|--dry-run) ;; *) again+=("$arg") ;; esac
+    done
+    [ "$dry_run" = 1 ] || mkdir -p "$workdir"
+    if [ "$dry_run" = 1 ]; then
+      echo "+ setsid nohup $(quote bash "$0" "${again[@]}") > $(quote "$workdir/launch.log") 2>&1 < /dev/null &"
+    else
+      setsid nohup bash "$0" "${again[@]}" > "$workdir/launch.log" 2>&1 < /dev/null &
+      echo $! > "$workdir/launch.pid"
+      echo "started in the background (pid $!); log: $workdir/launch.log (--attach follows it, --stop ends it)"
+    fi
+    exit ;;
+esac
 [ -n "$model" ] || die "--model DIR is required (the policy checkpoint, HF layout)"
 [ -n "$config" ] || die "--config is required, e.g. experiments/configs/rised_qwen3_multienv.py:rised,4b"
-[ -n "$workdir" ] || die "--workdir DIR is required"
 case "$workdir" in
   *://*) die "--workdir must be a local directory the SGLang server reads, got '$workdir'" ;;
 esac
@@ -75,6 +108,11 @@ for gpu in ${used_gpus//,/ }; do
   [ "$(grep -o ",$gpu," <<< "${used_gpus//,/,,}" | wc -l)" = 1 ] ||
     die "GPU $gpu is given to two of --server-gpus, --train-gpus, --judge-gpus"
 done
+
+if [ "$setup" = 1 ]; then
+  root=$(cd "$(dirname "$0")/../.." && pwd)
+  run python3 -m pip install -q -c "$root/requirements/lock.txt" -e "$root[cuda]"
+fi
 
 servers=()            # names, in start order
 declare -A server_pid

@@ -21,6 +21,9 @@
 # Extra flags are appended and override these (argparse keeps the last value). sglang-jax has no
 # /update_weights_from_disk: to sync weights with it, restart the server on the new directory.
 set -euo pipefail
+case "${1:-}" in   # the header comment above is the usage text (lib.sh prints it)
+  -h|--help) source "$(dirname "$0")/../launch/lib.sh"; usage ;;
+esac
 
 if [ $# -lt 2 ]; then
   echo "usage: $0 MODEL_DIR PORT [extra server flags]" >&2

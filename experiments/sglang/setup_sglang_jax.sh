@@ -9,6 +9,9 @@
 # lives in its own venv and is never imported by rised_jax. ~2.5 min and ~1.8 GB on first run.
 # Idempotent: does nothing when the venv already has that exact version installed.
 set -euo pipefail
+case "${1:-}" in   # the header comment above is the usage text (lib.sh prints it)
+  -h|--help) source "$(dirname "$0")/../launch/lib.sh"; usage ;;
+esac
 
 SGLANG_JAX_VERSION=0.1.0rc0
 

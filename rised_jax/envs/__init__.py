@@ -12,7 +12,9 @@ Names: a built-in name (`_REGISTRY`: a class, or an import-path string for an ad
 dependencies are imported on first use), an entry point of group `rised_jax.envs`, or an import
 path "package.module:Class" (`rised_jax.plugins`). Every environment class is checked against
 `base.EnvironmentProtocol` when it is first looked up; `check_name` also checks difficulty knobs
-(config validation calls it before the model loads).
+(config validation calls it before the model loads, then `check_knob_values`, which builds
+one instance with the configured knobs: an environment's constructor checks their values and
+must not start sessions or processes — that belongs in the first `reset`).
 
 See `base` for the protocol and `parsing` for how the built-ins read replies.
 """
@@ -40,7 +42,7 @@ log = logging.getLogger(__name__)
 # name -> environment class, or "module:Class" imported on first use.
 _REGISTRY: dict[str, type | str] = {
     cls.name: cls for cls in (Sokoban, FrozenLake, Countdown, Wordle, Household, Maze)}
-# Real suites behind optional extras (README, "Real environment suites"): imported on first use,
+# Real suites behind optional extras (docs/environments.md): imported on first use,
 # so `import rised_jax` never needs them. name -> (module, class).
 _SUITES: dict[str, tuple[str, str]] = {
     "babyai": ("rised_jax.envs.babyai", "BabyAI"),
@@ -191,9 +193,27 @@ def check_config(config: Any) -> None:
     for name in config.envs.names:
       knobs = config.envs.difficulty.get(name)
       check_name(name, dict(knobs.items()) if knobs is not None else {})
+  for name in config.envs.names:
+    knobs = config.envs.difficulty.get(name)
+    check_knob_values(name, dict(knobs.items()) if knobs is not None else {})
 
 
-__all__ = ["ENVIRONMENTS", "Environment", "check_config", "EnvironmentProtocol", "Outcome", "check_name",
+def check_knob_values(name: str, difficulty: Mapping[str, Any]) -> None:
+  """Builds one `name` environment with `difficulty` and closes it: its constructor checks the
+  knobs' values (a width of -3, a string where a number belongs, a remote env's file:// URL),
+  so those errors, too, come before the model loads. ValueError names the config key; a
+  constructor's other exceptions (a plug-in's TypeError) are reported the same way."""
+  where = f"config.envs.difficulty.{name}"
+  try:
+    env = _lookup(name)(**difficulty)
+  except Exception as error:  # a plug-in's constructor  # pylint: disable=broad-except
+    detail = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
+    raise ValueError(f"{where}={dict(difficulty)!r}: {detail}") from error
+  close(env)
+
+
+__all__ = ["ENVIRONMENTS", "Environment", "check_config", "check_knob_values",
+           "EnvironmentProtocol", "Outcome", "check_name",
            "close", "is_environment", "register", "format_answer", "make", "names", "suite_names",
            "difficulty_keys",
            "instance_key",

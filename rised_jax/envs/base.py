@@ -19,9 +19,12 @@
                                                  the rule-based judge tags rollouts from them
                                                  (an environment without signals gives [])
                            truncated  bool       the turn budget ran out: a failure
-  instance_key() -> str  names the instance the last `reset` generated; two seeds that give
-                         the same game give the same key. Training and evaluation sets are
-                         disjoint by this key (`rised_jax.evaluate`, `rised_jax.tasks`).
+  instance_key() -> str  names the instance the last `reset` generated, as the agent sees it:
+                         two seeds whose games the agent cannot tell apart (the same game, or
+                         for a partial view the same first observation and winning plan) give
+                         the same key. Training and evaluation sets are disjoint by this key,
+                         and pass-rate intervals count its distinct values
+                         (`rised_jax.evaluate`, `rised_jax.tasks`).
 Optional members (used where present):
   instance_key_for(seed) -> str   the key `reset(seed)` would give, without resetting (an
                          environment whose reset is costly, e.g. a remote one; the task
@@ -33,7 +36,10 @@ Optional members (used where present):
   oracle() -> list[str]  canonical actions that solve the episode from the current state
                          (tests, scripted baselines); never called during training.
 Difficulty knobs are the constructor's keyword-only parameters: `envs.difficulty.NAME` in a
-config passes them, and validation rejects any other key (and a missing required one).
+config passes them, and validation rejects any other key (and a missing required one), then
+builds one instance with them before the model loads: the constructor checks the knobs' values
+(raising ValueError naming the knob, the value and the range) and must stay cheap, leaving
+sessions, servers and processes to the first `reset`.
 
 An exception raised inside `reset` or `step` ends that episode as *errored* (the agent loop
 leaves its group out of training and evaluation, counts it, and discards the instance); a
@@ -57,10 +63,18 @@ reported with `truncated=True`). The reward is 1.0 on success and 0.0 otherwise;
 `shaping > 0` every step also earns `shaping * (#progress - #regress)`.
 
 `read_action(reply)` tells which action a reply would play, without playing it.
-`instance_key()` names the game the last `reset` generated: two seeds that generate the same
-layout / secret / numbers and target give the same key (training and evaluation sets are
-disjoint by this key, not by seed; `rised_jax.evaluate`, `rised_jax.tasks`). Chance that is
+Instance keys: `instance_key()` names the situation the last `reset` generated, what the
+agent can tell apart. Where the first observation shows the whole game (FrozenLake's map,
+Sokoban's room, Countdown's numbers and target) it is a digest of the game: two seeds that
+generate the same layout / numbers and target give the same key. Where it shows only part
+(`partial_view`: Maze's egocentric view, Household's closed containers and other rooms,
+Wordle's secret, the suites) it is a digest of the first observation and the oracle's plan
+from there, so that two layouts that look alike at the start and are won by the same actions
+are one instance: an agent trained on one has been shown how to win the other. Training and
+evaluation sets are disjoint by this key, not by seed, and pass-rate intervals count its
+distinct values (`rised_jax.evaluate`, `rised_jax.tasks`). Chance that is
 drawn during play (FrozenLake's slip) is not part of the instance.
+
 `oracle()` returns plain canonical action texts (not wrapped in `<answer>` tags; use
 `parsing.format_answer`) that solve the episode from its CURRENT state; environments with
 chance (FrozenLake's slip) plan as if the next steps go as intended, so call it again after
@@ -186,6 +200,10 @@ class Environment(abc.ABC):
 
   name: ClassVar[str]
   default_max_turns: ClassVar[int]
+  # The first observation hides part of the game (an egocentric view, closed containers, a
+  # secret): two games the agent cannot tell apart from the start and that one plan solves
+  # are one instance (module docstring, "Instance keys").
+  partial_view: ClassVar[bool] = False
   # How the system prompt asks for an action; each game adds its own example.
   ANSWER_FORMAT = ("Think briefly if you like, then give exactly one action as "
                    "<answer>ACTION</answer>.")
@@ -235,9 +253,10 @@ class Environment(abc.ABC):
     self._tried = set()
     self._last_action = None
     self._generate(self._rng)
-    digest = hashlib.sha256(repr(self._instance()).encode()).hexdigest()[:16]
+    observation = self._first_observation()
+    digest = hashlib.sha256(repr(self._situation(observation)).encode()).hexdigest()[:16]
     self._instance_key = f"{self.name}:{digest}"
-    return f"{self._render()}\n{self._turns_left_text()}"
+    return observation
 
   def step(self, action_text: Any) -> StepResult:
     """Plays one turn with the model's raw reply; see the module docstring for `info`."""
@@ -300,8 +319,8 @@ class Environment(abc.ABC):
     return "give up" if action is _GIVE_UP else self._format(action)
 
   def instance_key(self) -> str:
-    """'<env>:<16 hex digits>', a digest of the instance `reset` generated (stable across
-    runs and processes: a SHA-256 of `repr(_instance())`)."""
+    """'<env>:<16 hex digits>', a digest of the situation `reset` generated (stable across
+    runs and processes: a SHA-256 of `repr(_situation(first observation))`)."""
     if self._rng is None:
       raise RuntimeError(f"{self.name}: call reset(seed) before instance_key()")
     return self._instance_key
@@ -344,6 +363,22 @@ class Environment(abc.ABC):
   @abc.abstractmethod
   def _solve(self) -> list[str]:
     """The oracle's plan from the current state (the episode is not over)."""
+
+  def _first_observation(self) -> str:
+    """What `reset` returns: the start state and the turn budget."""
+    return f"{self._render()}\n{self._turns_left_text()}"
+
+  def _situation(self, first_observation: str) -> Hashable:
+    """What the instance key digests: the game itself (`_instance()`) where the first
+    observation shows all of it; for a `partial_view` game, what the agent sees of it, the
+    first observation and the oracle's plan from there (`_opening_plan`)."""
+    if self.partial_view:
+      return (first_observation, self._opening_plan())
+    return self._instance()
+
+  def _opening_plan(self) -> tuple[str, ...] | None:
+    """The oracle's plan from the start state (right after `_generate`)."""
+    return tuple(self._solve())
 
   def _format(self, action: Any) -> str:
     """The canonical text of a parsed action (it parses back to the same action)."""

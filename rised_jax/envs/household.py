@@ -149,6 +149,7 @@ class Household(base.Environment):
 
   name = "household"
   default_max_turns = 12
+  partial_view = True   # other rooms and closed containers are not shown
 
   def __init__(self, *, rooms: int = 3, receptacles: int = 3, objects: int = 4, goals: int = 1,
                max_turns: int | None = None, shaping: float = 0.0):
@@ -300,6 +301,18 @@ class Household(base.Environment):
 
   def _instance(self) -> tuple:
     return self.start   # listing order (rooms, receptacles) is presentation, not the game
+
+  def _situation(self, first_observation: str) -> Hashable:
+    # What the first observation shows, and the oracle's plan, both in a canonical order:
+    # listing order is presentation (as in `_instance`), so one game has one key however it
+    # is listed, and games that differ only out of sight (other rooms, closed containers)
+    # and are won by the same commands share it.
+    del first_observation
+    world = self.world
+    seen = tuple(sorted((r, tuple(sorted(o for o, where in world.location.items() if where == r))
+                         if world.accessible(r) else None) for r in world.rooms[world.room]))
+    view = (world.room, seen, tuple(sorted(world.rooms)), tuple(sorted(self.goals)))
+    return view, tuple(str(command) for command in plan(world, sorted(self.goals)))
 
   def _solve(self) -> list[str]:
     return [str(command) for command in plan(self.world, self.goals)]

@@ -89,6 +89,7 @@ class Maze(base.Environment):
 
   name = "maze"
   default_max_turns = 14
+  partial_view = True   # an egocentric view: many layouts start alike
 
   def __init__(self, *, width: int = 3, height: int = 3, min_distance: int = 3,
                max_turns: int | None = None, shaping: float = 0.0):

@@ -38,6 +38,9 @@ the item whatever happened before). /step is NOT idempotent — a step whose rep
 have been played — so it is retried only when the server says it did not take the request
 (HTTP 429 or 503); a step that times out or loses its connection errors the episode.
 
+Reply size: a reply body is read up to `max_reply_bytes` (16 MiB by default); a larger one
+stops the read at the cap and is an environment error naming it (`http_retry.ReplyTooLarge`).
+
 Actions are read from the reply as by the built-ins: the last `<answer>…</answer>` (or, without
 tags, the last non-empty line), whitespace-collapsed but not lower-cased (WebShop's
 `click[Item Name]`). An empty action costs a turn and is not sent ("invalid_action"); one that
@@ -50,13 +53,15 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar, Mapping
 
-from rised_jax.checks import is_int, is_number
+from rised_jax.checks import is_http_url, is_int, is_number
 from rised_jax.envs import parsing
 from rised_jax.envs.base import StepResult, check_float, check_int
 from rised_jax.rollout import http_retry
 from rised_jax.types import Event
 
 log = logging.getLogger(__name__)
+# The largest reply body read from the server (an observation is text: a web page at most).
+DEFAULT_MAX_REPLY_BYTES = 16 << 20
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an agent acting in a text environment. Every turn you receive an observation; "
@@ -126,8 +131,9 @@ class RemoteEnvironment:
   def __init__(self, *, url: str, items: int, item_offset: int = 0, max_turns: int = 30,
                timeout_s: float = 60.0, retries: int = 3, backoff_s: float = 0.5,
                success_reward: float = 1.0, system_prompt: str = DEFAULT_SYSTEM_PROMPT,
-               reset_extra: Mapping[str, Any] | None = None):
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+               reset_extra: Mapping[str, Any] | None = None,
+               max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES):
+    if not is_http_url(url):
       raise ValueError(f"{self.name}: url must be an http(s) URL, got {url!r}")
     if not isinstance(system_prompt, str) or not system_prompt.strip():
       raise ValueError(f"{self.name}: system_prompt must be a non-empty string")
@@ -140,6 +146,7 @@ class RemoteEnvironment:
     self.retry_policy = http_retry.RetryPolicy(
         max_retries=check_int(self.name, "retries", retries, 0, 100),
         backoff_s=check_float(self.name, "backoff_s", backoff_s, 0.0, 600.0))
+    self.max_reply_bytes = check_int(self.name, "max_reply_bytes", max_reply_bytes, 1, 1 << 40)
     self._system_prompt = system_prompt
     self.reset_extra = {**self.default_reset_extra, **dict(reset_extra or {})}
     self.session: int | str | None = None   # created on the first reset
@@ -239,7 +246,8 @@ class RemoteEnvironment:
       return
     try:
       http_retry.request_json("POST", f"{self.url}/close", {self.id_field: session},
-                              timeout_s=min(self.timeout_s, 5.0))
+                              timeout_s=min(self.timeout_s, 5.0),
+                              max_reply_bytes=self.max_reply_bytes)
     except http_retry.HTTPRequestError as error:
       log.debug("%s: closing session %r failed: %s", self.name, session, error)
 
@@ -271,7 +279,8 @@ class RemoteEnvironment:
 
     return http_retry.call_with_retry(
         lambda: http_retry.request_json("POST", f"{self.url}/{path}", dict(payload),
-                                        timeout_s=self.timeout_s),
+                                        timeout_s=self.timeout_s,
+                                        max_reply_bytes=self.max_reply_bytes),
         self.retry_policy, on_retry=count,
         is_transient=(lambda e: isinstance(e, http_retry.HTTPRequestError) and e.retryable)
         if idempotent else _is_refused)

@@ -47,12 +47,16 @@ def require(module: str, extra: str, suite: str) -> Any:
 class SuiteEnvironment(base.Environment):
   """A `base.Environment` over an external suite whose seed picks the episode."""
 
+  partial_view = True   # the agent sees its room or its egocentric view, not the world
+
   def reset(self, seed: int) -> str:
     if not is_int(seed) or seed < 0:
       raise ValueError(f"{self.name}: seed must be a non-negative integer, got {seed!r}")
     self._seed = int(seed)
-    first = super().reset(seed)
-    return f"{self._intro()}\n{first}"
+    return super().reset(seed)
+
+  def _first_observation(self) -> str:
+    return f"{self._intro()}\n{super()._first_observation()}"
 
   def _intro(self) -> str:
     """The suite's own opening text (task description, first observation)."""

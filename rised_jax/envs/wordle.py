@@ -118,6 +118,8 @@ class Wordle(base.Environment):
 
   name = "wordle"
   default_max_turns = 6
+  # The secret is hidden; the oracle's last guess is the secret, so this key is the secret's.
+  partial_view = True
 
   def __init__(self, *, word_file: str | None = None, max_turns: int | None = None,
                shaping: float = 0.0):

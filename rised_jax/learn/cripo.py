@@ -24,8 +24,11 @@ Definitions stated by the paper, and this implementation's choices ([C-choice], 
 - Exactness of the sign decisions. SC, y* and the counterfactual rollouts depend only on signs
   and ties of sums of A_i. Since A_i is (R_i − mean R) times a positive per-group factor, they
   are decided on D_i = G·s_i − Σ_k s_k with s_i = Σ_j W_j r_ij and W_j = L·ω_j the weights
-  scaled to integers (L: the common denominator of the weights, each read as the shortest
-  decimal that round-trips in its dtype, i.e. what the task file wrote, so 0.1 + 0.2 = 0.3).
+  scaled to integers (L: the common denominator of the weights). A weight that is an exact
+  rational (`fractions.Fraction` or int, as `rubric_tasks` reads a task file: the number's own
+  text, or a "1/18" string) is taken as it is, so a rubric normalised by its sum decides as its
+  integers would; a float is read as the shortest decimal that round-trips in its dtype, so
+  float32 0.1 + 0.2 = 0.3.
   D_i = G·L·Z·(R_i − mean R) is a Python integer: no rounding, no tolerance. (Dividing
   float32 sums by std R amplifies rounding to ~1e-5; an absolute tolerance of 1e-6 on float32
   advantages mislabelled SC in 6–9 % of simulated RaR-like groups.)
@@ -59,6 +62,7 @@ from __future__ import annotations
 import dataclasses
 import fractions
 import math
+import numbers
 from typing import Sequence
 
 import jax
@@ -112,14 +116,17 @@ def pad_criteria(verdicts: Sequence[np.ndarray], weights: Sequence[np.ndarray]
     verdicts: per group, r_ij as [G, C_g] (0/1); every group has the same G.
     weights: per group, ω as [C_g].
   Returns:
-    verdicts [groups, G, C] float32, weights [groups, C] float32 and criterion_mask [groups, C]
-    bool, padded to C = max C_g (padding: r = 0, ω = 0, mask False).
+    verdicts [groups, G, C] float32, weights [groups, C] and criterion_mask [groups, C] bool,
+    padded to C = max C_g (padding: r = 0, ω = 0, mask False). The weights stay exact
+    (object) when any group's are exact rationals (`rubric_tasks.RubricTask.weights`), else
+    float32.
   """
   if len(verdicts) != len(weights) or not verdicts:
     raise ValueError(f"need one weight vector per group and at least one group; got {len(verdicts)} "
                      f"verdict arrays and {len(weights)} weight vectors")
   verdicts = [np.asarray(v, np.float32) for v in verdicts]
-  weights = [np.asarray(w, np.float32) for w in weights]
+  exact = any(np.asarray(w).dtype == object for w in weights)
+  weights = [np.asarray(w, object if exact else np.float32) for w in weights]
   group_size = verdicts[0].shape[0]
   for g, (v, w) in enumerate(zip(verdicts, weights)):
     if v.ndim != 2 or w.ndim != 1 or v.shape != (group_size, w.shape[0]):
@@ -127,7 +134,7 @@ def pad_criteria(verdicts: Sequence[np.ndarray], weights: Sequence[np.ndarray]
                        f"[G={group_size}, C] and [C]")
   num_criteria = max(w.shape[0] for w in weights)
   padded_v = np.zeros((len(verdicts), group_size, num_criteria), np.float32)
-  padded_w = np.zeros((len(verdicts), num_criteria), np.float32)
+  padded_w = np.zeros((len(verdicts), num_criteria), object if exact else np.float32)
   mask = np.zeros((len(verdicts), num_criteria), bool)
   for g, (v, w) in enumerate(zip(verdicts, weights)):
     padded_v[g, :, :w.shape[0]] = v
@@ -183,15 +190,18 @@ def weighted_rewards(verdicts: np.ndarray, weights: np.ndarray, criterion_mask: 
   return (np.einsum("gic,gc->gi", verdicts, weights) / denominator[:, None]).astype(np.float32)
 
 
-def _integer_weights(weights: np.ndarray) -> np.ndarray:
-  """W = L·ω as Python ints, object [groups, C]; L per group (see the module docstring).
+def _exact_weight(weight) -> fractions.Fraction:
+  """An exact rational (Fraction, int) as it is; a float as the shortest decimal that
+  round-trips in its own dtype (a float32 0.1 is 1/10, not 13421773/134217728)."""
+  if isinstance(weight, numbers.Rational):
+    return fractions.Fraction(weight)
+  return fractions.Fraction(np.format_float_positional(weight, unique=True, trim="-"))
 
-  Each weight is read as the shortest decimal that round-trips in the array's own dtype (so a
-  float32 0.1 is 1/10, not 13421773/134217728).
-  """
+
+def _integer_weights(weights: np.ndarray) -> np.ndarray:
+  """W = L·ω as Python ints, object [groups, C]; L per group (see the module docstring)."""
   weights = np.asarray(weights)
-  as_fractions = [[fractions.Fraction(np.format_float_positional(w, unique=True, trim="-"))
-                   for w in row] for row in weights]
+  as_fractions = [[_exact_weight(w) for w in row] for row in weights]
   out = np.empty(weights.shape, object)
   for g, row in enumerate(as_fractions):
     scale = math.lcm(*(f.denominator for f in row)) if row else 1

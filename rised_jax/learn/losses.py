@@ -154,9 +154,12 @@ def kl_k2(logp: Array, ref_logp: Array) -> Array:
 
 
 def kl_k3(logp: Array, ref_logp: Array) -> Array:
-  """k3 = exp(q − p) − (q − p) − 1 with p = log π_θ, q = log π_ref: unbiased, >= 0."""
+  """k3 = exp(q − p) − (q − p) − 1 with p = log π_θ, q = log π_ref: unbiased, >= 0.
+
+  As expm1(x) − x: exp(x) − x − 1 in float32 loses every digit for |x| <= 3e-4 (it gave 0)
+  and 4.7 % at 1e-3; with expm1 the error there is about 1e-4 relative."""
   log_ratio = ref_logp - logp
-  return jnp.exp(log_ratio) - log_ratio - 1.0
+  return jnp.expm1(log_ratio) - log_ratio
 
 
 # Per-token estimators of KL(π_θ ‖ π_ref) from tokens sampled by π_θ (Schulman, "Approximating

@@ -3,7 +3,10 @@
     step(state, batch) -> (state, metrics)
 
 A step whose loss or gradient norm is not finite leaves the state unchanged and reports
-`skipped_nonfinite` = 1 (see the end of `make_step_fn`).
+`skipped_nonfinite` = 1; so does a finite update that would move the parameters by more than
+`max_update_ratio` times their norm (`update_is_acceptable`), reported as
+`skipped_large_update` = 1, with the proposed ratio as `update_ratio` (see the end of
+`make_step_fn`).
 
 For each micro-batch: student hidden states (with gradient), teacher hidden states over the
 teacher rows (stop-gradient; the live parameters by default, an EMA or the frozen initial
@@ -104,6 +107,9 @@ class StepConfig:
   counterfactual: bool = False
   flip_alpha: float = 0.1
   flip_tau: float = 0.1
+  # The update-size guard: a step whose update has ‖Δθ‖ > max_update_ratio · ‖θ‖ is skipped
+  # (`update_is_acceptable`). Healthy runs measure far below 1 (docs/changes/guards.md).
+  max_update_ratio: float = 1.0
   # PPO iterations: passes over each rollout batch (config.train.num_iterations, GRPO's μ),
   # each in `mini_batches` successive updates on a share of the rows (config.train.mini_batches),
   # all against the log-probs of the parameters before the first update (see `make_step_fn`)
@@ -124,6 +130,9 @@ class StepConfig:
       raise ValueError(f"distill_norm {self.distill_norm!r}: expected one of {DISTILL_NORMS}")
     if self.beta < 0 or self.ref_kl_coef < 0:
       raise ValueError(f"beta ({self.beta}) and ref_kl_coef ({self.ref_kl_coef}) must be >= 0")
+    if not self.max_update_ratio > 0:
+      raise ValueError(f"max_update_ratio={self.max_update_ratio}: expected a number > 0 (the "
+                       "largest accepted ‖Δθ‖ / ‖θ‖ of one update)")
     if min(self.micro_batches, self.chunk, self.num_iterations, self.mini_batches) < 1:
       raise ValueError(f"micro_batches ({self.micro_batches}), chunk ({self.chunk}), "
                        f"num_iterations ({self.num_iterations}) and mini_batches "
@@ -331,7 +340,7 @@ def old_policy_pass(params, rest, teacher_params, graphdef, config: StepConfig,
   - with several updates per batch (`config.fixed_per_batch`): `old_logprobs` (log π_old of
     the PPO ratio) and, with CriPO's SC branch, the flipped `advantages` and the `flipped`
     mask, so the μ updates all see the same advantages (PPO's advantages are per batch).
-  Cost: one extra forward per step (the README's CriPO section measures the kept pre-pass);
+  Cost: one extra forward per step (docs/cripo.md measures the kept pre-pass);
   none without micro-batched kept-token localisation or μ > 1.
   """
   frozen = jax.lax.stop_gradient(params)
@@ -457,6 +466,23 @@ def _merge_micro(x: Array) -> Array:
   return jnp.swapaxes(x, 0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
+def update_is_acceptable(params, new_params, max_ratio: float) -> tuple[Array, Array]:
+  """(accepted, ratio) of the update params → new_params: ratio = ‖Δθ‖ / ‖θ‖ over the whole
+  pytree (global L2 norms, float32), accepted = ‖Δθ‖ <= max_ratio · ‖θ‖ (False when either
+  norm is NaN or the difference overflows).
+
+  A finite but absurd update (learning rate 1e30) passes every finiteness check and would
+  become every later checkpoint; no healthy step moves the weights by their own norm.
+  """
+  def sq_norm(tree):
+    return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree))
+
+  delta = jnp.sqrt(sq_norm(jax.tree.map(lambda new, old: new.astype(jnp.float32)
+                                        - old.astype(jnp.float32), new_params, params)))
+  norm = jnp.sqrt(sq_norm(params))
+  return delta <= max_ratio * norm, delta / norm
+
+
 # Step metrics that count tokens or rows of the batch (the others are means or fractions).
 COUNT_METRICS = ("loss_tokens", "sequences", "distill_tokens", "kept_tokens", "cf_tokens",
                  "flipped_tokens")
@@ -506,8 +532,8 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
 
   def update(params, opt_state, state: TrainState, batch, beta, allowed=True):
     """One optimizer update on the (mini-)batch: (params, opt_state, metrics, applied). The
-    loss is its own mean; `allowed` False (an earlier update of the batch was skipped) or a
-    non-finite loss applies nothing."""
+    loss is its own mean; `allowed` False (an earlier update of the batch was skipped), a
+    non-finite loss or an unacceptably large update applies nothing."""
     loss_mask = batch["loss_mask"].astype(jnp.float32)
     _, pg_den = losses.AGGREGATIONS[config.aggregation](
         jnp.zeros_like(loss_mask), loss_mask, seq_len_norm=config.seq_len_norm)
@@ -561,9 +587,14 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
     # nothing: parameters and optimizer state stay bit-identical.
     finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
               & jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(new_params)])))
-    applied = finite & allowed
+    # So does a finite update far larger than any healthy one (`update_is_acceptable`).
+    acceptable, update_ratio = update_is_acceptable(params, new_params, config.max_update_ratio)
+    applied = finite & acceptable & allowed
     params, opt_state = jax.tree.map(lambda new, old: jnp.where(applied, new, old),
                                      (new_params, new_opt_state), (params, opt_state))
+    metrics["skipped_nonfinite"] = 1.0 - finite.astype(jnp.float32)
+    metrics["skipped_large_update"] = (finite & ~acceptable).astype(jnp.float32)
+    metrics["update_ratio"] = update_ratio
     return params, opt_state, metrics, applied
 
   def step(state: TrainState, batch: Mapping[str, Array]):
@@ -577,7 +608,7 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
     if config.updates_per_step == 1:
       params, opt_state, metrics, applied = update(state.params, state.opt_state, state, batch,
                                                    beta)
-      first_applied = all_applied = applied
+      first_applied = applied
     else:
       # Mini-batch m holds rows m, m + M, … (strided like micro-batches: every data shard
       # keeps rows in each); update u trains on mini-batch u mod M.
@@ -599,7 +630,9 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
       for name in COUNT_METRICS:   # of the whole batch: the sum over its mini-batches
         if name in metrics:
           metrics[name] = metrics[name] * config.mini_batches
-      first_applied, all_applied = applied[0], applied.all()
+      for name in ("skipped_nonfinite", "skipped_large_update"):   # any update of the batch
+        metrics[name] = per_update[name].max()
+      first_applied = applied[0]
 
     teacher_params = state.teacher_params
     if config.teacher == "ema" and teacher_params is not None:
@@ -611,10 +644,9 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
                            ref_params=state.ref_params)
     # A batch none of whose updates applied leaves the whole state, step counter and RNG
     # included, bit-identical, so `state.step` counts the batches trained on and the trainer
-    # decides when to give up; `skipped_nonfinite` is 1 when any update of the batch was skipped.
+    # decides when to give up (`skipped_<reason>` is 1 when any update of the batch was).
     new_state = jax.tree.map(lambda new, old: jnp.where(first_applied, new, old), new_state,
                              state)
-    metrics["skipped_nonfinite"] = 1.0 - all_applied.astype(jnp.float32)
     return new_state, metrics
 
   return step

@@ -13,7 +13,7 @@ from pathlib import Path
 import jax.numpy as jnp
 from flax import nnx
 
-from rised_jax.model import hf_io
+from rised_jax.model import hf_io, hub
 from rised_jax.model.config import FULL_ATTENTION, SLIDING_ATTENTION, ModelConfig, RopeConfig
 from rised_jax.model.decoder import LOGICAL_AXES, Decoder, KVCache
 from rised_jax.model.errors import (ExportError, ModelConfigError, ModelError,
@@ -50,11 +50,13 @@ def from_config(cfg: ModelConfig, seed: int = 0, *, dtype: str = "float32",
 def from_pretrained(source: str | os.PathLike, dtype: str = "float32", *,
                     param_dtype: str | None = None, remat: bool = False,
                     scan_layers: bool = False) -> tuple[Decoder, Tokenizer]:
-  """(model, tokenizer) from an HF directory, a .gguf file or a packaged model name.
+  """(model, tokenizer) from an HF directory, a .gguf file, a packaged model name or a hub id.
 
   Args:
     source: a directory with config.json + safetensors + tokenizer files; a path ending in
-      .gguf; or a name from `rised_jax.model.packaged.names()`.
+      .gguf; a name from `rised_jax.model.packaged.names()`; or a Hugging Face hub id
+      (`Qwen/Qwen3-4B`, `org/name@revision`), fetched into the hub's cache (`model.hub`). A
+      relative path whose first folder exists here is a missing local path, never a hub id.
     dtype: compute dtype, "float32" or "bfloat16".
     param_dtype: parameter storage dtype; defaults to `dtype`.
     remat: rematerialise layers in the backward pass.
@@ -66,6 +68,8 @@ def from_pretrained(source: str | os.PathLike, dtype: str = "float32", *,
   path = Path(source).expanduser()
   if path.is_dir():
     return hf_io.load_hf_dir(path, **kwargs)
+  if _is_hub_id(source, path):
+    return hf_io.load_hf_dir(hub.snapshot(str(source)), **kwargs)
   if path.suffix != ".gguf" and not path.exists() and os.sep not in str(source):
     path = _packaged_path(str(source))
   if path.suffix != ".gguf":
@@ -78,6 +82,14 @@ def from_pretrained(source: str | os.PathLike, dtype: str = "float32", *,
   hf_config, state, tokenizer = gguf.load_gguf(path)
   cfg = ModelConfig.from_hf(hf_config, source=str(path))
   return hf_io.build_from_state(cfg, state, str(path), **kwargs), tokenizer
+
+
+def _is_hub_id(source: str | os.PathLike, path: Path) -> bool:
+  """Whether `source` names a hub repository rather than a (missing) local file."""
+  text = os.fspath(source)
+  if path.exists() or hub.parse_hub_id(text) is None:
+    return False
+  return not Path(text.split("/", 1)[0]).is_dir()
 
 
 def _packaged_path(name: str) -> Path:

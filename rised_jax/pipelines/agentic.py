@@ -21,7 +21,9 @@ the first stays well below 1.
 A rollout group spoilt by a failed engine request or an environment error is dropped from the
 pool (`AgentLoop`); the step's metrics count it with the engine's retries, the errored episodes
 and the rollouts the judge left unjudged (`rollout/groups_dropped`, `rollout/server_retries`,
-`rollout/env_errors`, `judge/failed`).
+`rollout/failed_requests` (requests given up on after their retries), `rollout/env_errors`,
+`judge/failed`). Every reply fault of a server is one retry or, on its last attempt, one failed
+request: the two counters sum to the faults met.
 """
 from __future__ import annotations
 
@@ -55,7 +57,8 @@ def agent_loop(config, engine, tokenizer, temperature: float) -> AgentLoop:
                                            temperature=temperature, top_p=config.rollout.top_p,
                                            top_k=config.rollout.top_k),
                    reply_prefix=config.rollout.reply_prefix,
-                   stop_strings=list(config.rollout.stop_strings))
+                   stop_strings=list(config.rollout.stop_strings),
+                   max_abs_reward=config.envs.max_abs_reward)
 
 
 class Progress:
@@ -94,6 +97,23 @@ def check_config(config) -> None:
   teach.check_config(config, step_config(config).distills)
   envs.check_config(config)
   engines.check_config(config)
+  evaluate.check_sampling(config.eval.pass_at_k, config.eval.temperature)
+  _check_engine_limits(config)
+
+
+def _check_engine_limits(config) -> None:
+  """The engine's fixed buckets (JaxEngine) take the longest prompt (max_total_tokens − 1) and
+  reply the agent loop may send (`AgentLoop` checks the same of the built engine)."""
+  limits, rollout = engines.limits_of(config), config.rollout
+  if not limits.prompt_fits(rollout.max_total_tokens - 1):
+    raise ValueError(f"config.rollout.prompt_buckets={list(rollout.prompt_buckets)}: expected a "
+                     f"bucket >= {rollout.max_total_tokens - 1}, the longest prompt "
+                     f"config.rollout.max_total_tokens={rollout.max_total_tokens} allows (or a "
+                     "smaller max_total_tokens)")
+  if not limits.reply_fits(rollout.max_new_tokens_per_turn):
+    raise ValueError(f"config.rollout.new_token_buckets={list(rollout.new_token_buckets)}: "
+                     f"expected a bucket >= config.rollout.max_new_tokens_per_turn="
+                     f"{rollout.max_new_tokens_per_turn}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,10 +173,12 @@ class AgenticPipeline:
     hints = None
     if self.guidance is not None:
       hints = {env: self.guidance.hint(env) for env in self.config.envs.names}
-    retries = self.loop.engine.server_retries
+    engine = self.loop.engine
+    retries, failed = engine.server_retries, engine.failed_requests
     pool = self.loop.run(tasks, self.config.rollout.group_size, hints=hints,
                          seed=self.config.seed * 1_000_003 + step)
-    faults = {"rollout/server_retries": float(self.loop.engine.server_retries - retries),
+    faults = {"rollout/server_retries": float(engine.server_retries - retries),
+              "rollout/failed_requests": float(engine.failed_requests - failed),
               "rollout/groups_dropped": float(self.loop.groups_dropped),
               "rollout/env_errors": float(len(self.loop.env_errors))}
     if not pool:

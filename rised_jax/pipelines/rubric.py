@@ -210,7 +210,8 @@ class RubricStep:
 
   step, pool       the step and its groups; `group.task` is the `rubric_tasks.RubricTask`
                    (roll_out; judge replaces each trajectory by one with its reward and success)
-  faults           {"rollout/server_retries", "rollout/groups_dropped"}            (roll_out)
+  faults           {"rollout/server_retries", "rollout/failed_requests",
+                    "rollout/groups_dropped"}                                      (roll_out)
   verdicts         float32 [G_k, C_k] r_ij, zero rows where unjudged                (judge)
   unjudged         bool [G_k]: no usable verdict for some criterion                  (judge)
   judge_stats      {"judge/…": count} of the criteria judge                          (judge)
@@ -338,7 +339,7 @@ class RubricPipeline:
     requests = [GenerationRequest(self.prompt_ids[i], self.sampling,
                                   seed=answer_seed(run_seed, self.task_set.name, i, task, rollout))
                 for i, task in zip(indices, tasks) for rollout in range(group_size)]
-    retries = self.engine.server_retries
+    retries, failed = self.engine.server_retries, self.engine.failed_requests
     results = generate_or_none(self.engine, requests)
     if len(results) != len(requests):
       raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
@@ -350,6 +351,7 @@ class RubricPipeline:
       groups.append(Group(task=task, trajectories=[self._trajectory(task, self.prompt_ids[i], r)
                                                    for r in mine]))
     faults = {"rollout/server_retries": float(self.engine.server_retries - retries),
+              "rollout/failed_requests": float(self.engine.failed_requests - failed),
               "rollout/groups_dropped": float(len(tasks) - len(groups))}
     if not groups:
       raise RuntimeError(f"step {step}: every one of the {len(tasks)} rollout groups was "

@@ -36,8 +36,12 @@ ends its episode, and the episode's whole group is left out of `run`'s result (n
 on in part); `groups_dropped` counts them for the last `run`.
 
 Environment errors: an exception raised by an environment's `reset` or `step` (a crashed game,
-a dead remote server after its retries), or a step result that breaks
-`envs.base.EnvironmentProtocol`, ends that episode as errored. Its whole group is left out of
+a dead remote server after its retries), a step result that breaks
+`envs.base.EnvironmentProtocol`, a first observation whose prompt leaves no room under
+`max_total_tokens` (a web page, a long room description), or a step reward outside the reward
+bound (not finite once cast to float32, the dtype it is trained in, or |reward| above
+`max_abs_reward`: a reward of 1e39 is finite in Python and inf in float32) ends that episode as
+errored. Its whole group is left out of
 `run`'s result like a failed request's: a group's advantages are taken against the mean of
 its G rewards, and an errored episode has no reward (scoring it 0 would teach the policy to
 avoid whatever the crash followed; masking it alone would leave a group of G - 1 among groups
@@ -57,7 +61,7 @@ import logging
 from typing import Mapping, Sequence
 
 import jax
-import tqdm
+import numpy as np
 
 from rised_jax import envs
 from rised_jax.envs.base import check_step_result
@@ -66,10 +70,16 @@ from rised_jax.rollout.base import (Engine, GenerationRequest, GenerationResult,
                                     generate_or_none)
 from rised_jax.rollout.chat import ChatFormat, join_system_text
 from rised_jax.rollout.env_pool import EnvError, EnvPool
+from rised_jax.rollout.progress import TurnBar
 from rised_jax.types import Group, Task, Trajectory, Turn
-from rised_jax.checks import is_int
+from rised_jax.checks import is_int, is_number
 
 log = logging.getLogger(__name__)
+
+
+# A reward beyond this is a broken environment, not a signal (built-ins give rewards near 1).
+DEFAULT_MAX_ABS_REWARD = 1e6
+_FLOAT32_MAX = float(np.finfo(np.float32).max)   # a Python float: comparing casts nothing
 
 
 class EnvironmentFailure(RuntimeError):
@@ -138,11 +148,14 @@ class AgentLoop:
     reply_prefix: text forced at the start of every reply (e.g. "<answer>" for a model too
       small to follow the answer format on its own); "" for none.
     stop_strings: texts that end a reply (e.g. "</answer>"), kept in it.
+    max_abs_reward: the reward bound: a step reward with |reward| above it (or not finite in
+      float32) is an environment error of its episode.
   """
 
   def __init__(self, engine: Engine, tokenizer: Tokenizer, *, max_turns: int | None = None,
                max_new_tokens_per_turn: int, max_total_tokens: int, sampling: SamplingParams,
-               reply_prefix: str = "", stop_strings: Sequence[str] = ()):
+               reply_prefix: str = "", stop_strings: Sequence[str] = (),
+               max_abs_reward: float = DEFAULT_MAX_ABS_REWARD):
     self.engine = engine
     self.tokenizer = tokenizer
     self.max_turns = None if max_turns is None else _positive_int("max_turns", max_turns)
@@ -157,6 +170,10 @@ class AgentLoop:
       raise ValueError(f"AgentLoop: stop_strings must be a list of non-empty strings, "
                        f"got {stop_strings!r}")
     self.stop_strings = tuple(stop_strings)
+    if not (is_number(max_abs_reward) and 0 < max_abs_reward <= _FLOAT32_MAX):
+      raise ValueError(f"AgentLoop: max_abs_reward must be a number in (0, float32 max], got "
+                       f"{max_abs_reward!r}")
+    self.max_abs_reward = float(max_abs_reward)
     stops = tuple(sampling.stop_token_ids) or tokenizer.stop_token_ids
     if len(self.chat.end_of_turn_ids) == 1 and self.chat.end_of_turn_ids[0] not in stops:
       stops += self.chat.end_of_turn_ids
@@ -194,7 +211,8 @@ class AgentLoop:
           desc: str = "rollout") -> list[Group]:
     """G rollouts of every task (in order), with the environment's hint where `hints` has one.
 
-    A progress bar named `desc` counts finished episodes (process 0; it clears when done)."""
+    A progress bar named `desc` counts the turns played against the turns budgeted
+    (`rollout.progress`; process 0; it clears when done)."""
     group_size = _positive_int("group_size", group_size)
     hints = dict(hints or {})
     for env_name, hint in hints.items():
@@ -209,8 +227,9 @@ class AgentLoop:
     # prefix reuse would otherwise share keys/values computed in other batch shapes).
     self.engine.reset_prefix_cache()
     live = [e for e in episodes if not e.done]   # not those whose group failed to reset
-    with tqdm.tqdm(total=len(live), desc=desc, unit="episode", leave=False,
-                   disable=jax.process_index() != 0) as bar:
+    slot = {id(e): i for i, e in enumerate(live)}
+    with TurnBar(desc, [self._turn_budget(e) for e in live],
+                 disable=jax.process_index() != 0) as bar:
       while live:
         results = generate_or_none(self.engine, [self._request(e, seed) for e in live],
                                    **self._engine_options())
@@ -221,7 +240,8 @@ class AgentLoop:
             episode.failed = episode.done = True
           else:
             self._advance(episode, result)
-        bar.update(sum(e.done for e in live))
+        bar.played([(slot[id(e)], len(e.turns), e.done) for e in live],
+                   sum(len(r.output_ids) for r in results if r is not None))
         live = [e for e in live if not e.done]
     for episode in episodes:
       self._release(episode)
@@ -234,6 +254,13 @@ class AgentLoop:
     self.groups_dropped = len(tasks) - len(kept)
     self._report_env_errors(len(episodes), bool(kept))
     return kept
+
+  def _turn_budget(self, episode: _Episode) -> int | None:
+    """The most turns the episode may play: the loop's budget and the environment's own
+    (known for `envs.Environment` subclasses), None when neither is known."""
+    own = episode.env.max_turns if isinstance(episode.env, envs.Environment) else None
+    budgets = [b for b in (self.max_turns, own) if b is not None]
+    return min(budgets) if budgets else None
 
   def _release(self, episode: _Episode) -> None:
     if episode.env is not None:
@@ -270,10 +297,13 @@ class AgentLoop:
       raise ValueError(f"AgentLoop.run: tasks must be Task objects, got {task!r}")
     started = []
     prompt = None
+    too_long = False   # the task's prompt leaves no room: the other rollouts are not reset
     for rollout in range(group_size):
       episode = _Episode(task=task, rollout=rollout, env=None, hint=hint, token_ids=[],
                          loss_mask=[], logprobs=[], prompt_len=0)
       started.append(episode)
+      if too_long:
+        continue
       episode.env = self.envs.acquire(task)   # an unknown name or knob is a config error
       try:
         observation = episode.env.reset(task.seed)
@@ -288,15 +318,27 @@ class AgentLoop:
       if prompt is None:  # the G rollouts of a task share one prompt
         prompt = self.chat.prompt_ids(join_system_text(system_prompt, hint), observation)
         if len(prompt) >= self.max_total_tokens:
-          raise ValueError(f"AgentLoop.run: task {task.key}: the prompt has {len(prompt)} "
-                           f"tokens, which leaves no room under max_total_tokens="
-                           f"{self.max_total_tokens}")
+          # The environment's opening is too long for the budget: its group is dropped (the
+          # other rollouts of the task would open the same way, so none is started).
+          self._env_failed(episode, "reset", ValueError(
+              f"the prompt (system prompt and first observation) has {len(prompt)} tokens, "
+              f"which leaves no room under max_total_tokens={self.max_total_tokens}"))
+          too_long = True
+          continue
       episode.token_ids, episode.prompt_len = list(prompt), len(prompt)
       episode.loss_mask, episode.logprobs = [0] * len(prompt), [0.0] * len(prompt)
     if any(e.env_error for e in started):   # the group is dropped: play none of it
       for episode in started:
         episode.done = True
     return started
+
+  def _check_reward(self, reward: float) -> None:
+    """ValueError when a step reward is outside the reward bound (module docstring). The bound
+    is at most float32's largest value, so a reward within it stays finite in float32."""
+    if not abs(reward) <= self.max_abs_reward:   # also NaN
+      raise ValueError(f"step reward {reward!r} is outside the reward bound: expected "
+                       f"|reward| <= max_abs_reward={self.max_abs_reward:g} (and finite in "
+                       "float32, the dtype it is trained in)")
 
   def _request(self, episode: _Episode, seed: int) -> GenerationRequest:
     room = self.max_total_tokens - len(episode.token_ids)
@@ -339,6 +381,7 @@ class AgentLoop:
     try:
       observation, reward, done, info = check_step_result(episode.env.step(action_text),
                                                           episode.task.env)
+      self._check_reward(reward)
     except Exception as error:  # any environment failure  # pylint: disable=broad-except
       self._env_failed(episode, "step", error)
       return

@@ -1,9 +1,9 @@
 """The engine protocol: everything the rollout stages ask of a sampler (in-process or SGLang).
 
 `Engine` declares all of it (generation, weight sync, the request limits, the prefix cache,
-the retry counter); `EngineDefaults` gives an engine without fixed shapes, prefix cache or
-server (SGLang's client, the tests' fakes) the answers that mean "none", so callers never probe
-an engine for what it has.
+the retry and failure counters); `EngineDefaults` gives an engine without fixed shapes, prefix
+cache or server (SGLang's client, the tests' fakes) the answers that mean "none", so callers
+never probe an engine for what it has.
 """
 from __future__ import annotations
 
@@ -82,6 +82,8 @@ class Engine(Protocol):
 
   # Retried server requests since the engine was built (0 for an in-process engine).
   server_retries: int
+  # Requests given up on after their retries, since the engine was built (0 in-process).
+  failed_requests: int
 
   def limits(self) -> EngineLimits:
     """The largest prompt and reply a request may have; checked at build time by each stage
@@ -112,6 +114,7 @@ class EngineDefaults:
   """What an engine without bucket limits, prefix cache or server retries answers."""
 
   server_retries = 0
+  failed_requests = 0
 
   def limits(self) -> EngineLimits:
     return EngineLimits()

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from rised_jax.checks import is_http_url
 from rised_jax.rollout.base import EngineLimits
 
 ENGINES = ("jax", "sglang")
 
 
 def check_config(config: Any) -> None:
-  """config.rollout's engine name, reply prefix, stop strings and async roll-outs."""
+  """config.rollout's engine name, server URL, reply prefix, stop strings and async roll-outs."""
   if config.rollout.engine not in ENGINES:
     raise ValueError(f"config.rollout.engine={config.rollout.engine!r}: expected 'jax' or 'sglang'")
+  if config.rollout.engine == "sglang" and not is_http_url(config.rollout.sglang_url):
+    raise ValueError(f"config.rollout.sglang_url={config.rollout.sglang_url!r}: expected the "
+                     "SGLang server's http(s) URL, e.g. 'http://127.0.0.1:30000'")
   if not isinstance(config.rollout.reply_prefix, str):
     raise ValueError(f"config.rollout.reply_prefix={config.rollout.reply_prefix!r}: expected a "
                      "string")

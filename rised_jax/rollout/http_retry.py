@@ -23,6 +23,11 @@ at least the server's Retry-After when it sent one. A Retry-After above `max_bac
 the retries at once: waiting less would be refused again. So one call lasts at most
 (max_retries + 1) · timeout_s + max_retries · max_backoff_s.
 
+Size cap: a reply body is read in chunks and the read stops once it would pass
+`max_reply_bytes` (or at once when the announced Content-Length does): `ReplyTooLarge`, naming
+the cap, and never retried (the same request gets the same reply). Whatever a server sends, a
+request holds at most about that many bytes of it in memory.
+
 Every failure is an `HTTPRequestError` naming the method, URL, status and the server's message.
 """
 from __future__ import annotations
@@ -47,6 +52,9 @@ T = TypeVar("T")
 
 # How much of an error body goes into an exception message.
 _MAX_MESSAGE_CHARS = 2000
+# The default cap on one reply body (SGLang's client and the remote environments set their own).
+DEFAULT_MAX_REPLY_BYTES = 64 << 20
+_CHUNK_BYTES = 1 << 16
 _RETRY_AFTER = urllib3.util.retry.Retry(0)   # only its Retry-After parser (seconds or a date)
 
 
@@ -81,6 +89,44 @@ class HTTPRequestError(RuntimeError):
     where = f"{method} {url}"
     what = f"HTTP {status}" if status is not None else "no response"
     super().__init__(f"{where} failed ({what}): {message}")
+
+
+class DeadlineExceeded(HTTPRequestError):
+  """The exchange ran past its deadline (or a socket read past its timeout); retryable."""
+
+  def __init__(self, method: str, url: str, message: str):
+    super().__init__(method, url, None, message, retryable=True)
+
+
+class ReplyTooLarge(HTTPRequestError):
+  """A reply body above the caller's `max_reply_bytes`; never retried."""
+
+  def __init__(self, method: str, url: str, status: int, cap: int, seen: str):
+    super().__init__(method, url, status, f"the reply is larger than max_reply_bytes={cap} "
+                     f"({seen}); the read stopped at the cap", retryable=False)
+    self.cap = cap
+
+
+def check_max_reply_bytes(where: str, value: Any) -> int:
+  """`value` as a reply cap (an integer >= 1); ValueError naming `where` otherwise."""
+  if not is_int(value) or value < 1:
+    raise ValueError(f"{where}: max_reply_bytes must be an integer >= 1 (bytes), got {value!r}")
+  return int(value)
+
+
+def read_capped(read: Callable[[int], bytes], cap: int, announced: int | None,
+                too_large: Callable[[str], Exception]) -> bytes:
+  """The whole body from `read(n)` (at most n bytes a call, b"" at the end), stopping with
+  `too_large(what was seen)` as soon as it would pass `cap` bytes or the announced length does."""
+  if announced is not None and announced > cap:
+    raise too_large(f"Content-Length {announced}")
+  chunks, size = [], 0
+  while chunk := read(min(_CHUNK_BYTES, cap + 1 - size)):
+    chunks.append(chunk)
+    size += len(chunk)
+    if size > cap:
+      raise too_large(f"more than {cap} bytes sent")
+  return b"".join(chunks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,35 +253,63 @@ class _Deadline:
       return self.expired
 
 
-def request(method: str, url: str, payload: Any = None, *, timeout_s: float) -> bytes:
+def request(method: str, url: str, payload: Any = None, *, timeout_s: float,
+            max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> bytes:
   """One HTTP request (JSON body when `payload` is not None); returns the 2xx response body.
 
-  `timeout_s` bounds the whole exchange (module docstring). Raises HTTPRequestError: retryable
-  for transport failures, the deadline, 408/429/5xx and incomplete bodies; not retryable for
-  the other statuses.
+  `timeout_s` bounds the whole exchange and `max_reply_bytes` the body read (module
+  docstring). Raises HTTPRequestError: retryable for transport failures, the deadline,
+  408/429/5xx and incomplete bodies; not retryable for the other statuses and a body over
+  the cap (`ReplyTooLarge`).
   """
-  return _send(method, url, payload, timeout_s)[1]
+  return _send(method, url, payload, timeout_s, max_reply_bytes)[1]
 
 
-def _send(method: str, url: str, payload: Any, timeout_s: float) -> tuple[int, bytes]:
-  """`request`, also returning the status code."""
-  data = None if payload is None else json.dumps(payload).encode("utf-8")
-  headers = {"Content-Type": "application/json"} if data is not None else {}
+def _read_body(response: http.client.HTTPResponse, method: str, url: str, cap: int) -> bytes:
+  """The response body, read up to `cap` bytes (`read_capped`); a body the server announced
+  and then cut short is an IncompleteRead, as http.client's whole-body read reports it."""
+  announced = response.length   # Content-Length (None when chunked or absent)
+  body = read_capped(response.read, cap, announced,
+                     lambda seen: ReplyTooLarge(method, url, response.status, cap, seen))
+  if announced is not None and len(body) < announced:
+    raise http.client.IncompleteRead(body, announced - len(body))
+  return body
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+  """What one exchange got back: the status, the headers (in order) and the whole body."""
+
+  status: int
+  headers: list[tuple[str, str]]
+  body: bytes
+
+  def header(self, name: str) -> str | None:
+    return next((v for k, v in self.headers if k.lower() == name.lower()), None)
+
+
+def exchange(method: str, url: str, body: bytes | None, headers: dict[str, str], *,
+             timeout_s: float, max_reply_bytes: int) -> Reply:
+  """One HTTP exchange under the deadline and the size cap (module docstring), whatever the
+  status it answers; no redirect is followed. For clients that bring their own status
+  handling (the judges' SDKs, through `rubrics.judge_http`). Raises HTTPRequestError
+  (retryable) for transport failures, the deadline and cut bodies, `ReplyTooLarge` over
+  the cap."""
   parts = urllib.parse.urlsplit(url)
   target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
   kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
   start = time.monotonic()
   connection = kind(parts.hostname, parts.port, timeout=timeout_s)
   deadline = None
-  late = HTTPRequestError(method, url, None, f"timed out after {timeout_s:g} s (the deadline "
-                          "of the whole request)", retryable=True)
+  late = DeadlineExceeded(method, url, f"timed out after {timeout_s:g} s (the deadline of the "
+                          "whole request)")
   try:
     connection.connect()
     deadline = _Deadline(connection, start, timeout_s)
-    connection.request(method, target, body=data, headers=headers)
+    connection.request(method, target, body=body, headers=headers)
     response = connection.getresponse()
-    status, body = response.status, response.read()
-    retry_after = parse_retry_after(response.getheader("Retry-After"))
+    reply = Reply(response.status, response.getheaders(),
+                  _read_body(response, method, url, max_reply_bytes))
   except http.client.IncompleteRead as error:
     if deadline is not None and deadline.cancel():
       raise late from error
@@ -243,8 +317,7 @@ def _send(method: str, url: str, payload: Any, timeout_s: float) -> tuple[int, b
         method, url, None,
         f"response body cut short ({len(error.partial)} bytes read)", retryable=True) from error
   except (TimeoutError, socket.timeout) as error:
-    raise HTTPRequestError(method, url, None, f"timed out after {timeout_s:g} s",
-                           retryable=True) from error
+    raise DeadlineExceeded(method, url, f"timed out after {timeout_s:g} s") from error
   except (ConnectionError, http.client.HTTPException, OSError) as error:
     # Refused, DNS failure, the peer dropped the connection mid-exchange, or our deadline.
     if deadline is not None and deadline.cancel():
@@ -257,16 +330,28 @@ def _send(method: str, url: str, payload: Any, timeout_s: float) -> tuple[int, b
     connection.close()
   if deadline.cancel():
     raise late   # the body may have been cut at the deadline without an error
-  if not 200 <= status < 300:
-    raise HTTPRequestError(method, url, status, _error_message(body),
-                           retryable=is_retryable_status(status), retry_after=retry_after)
-  return status, body
+  return reply
 
 
-def request_json(method: str, url: str, payload: Any = None, *, timeout_s: float) -> Any:
+def _send(method: str, url: str, payload: Any, timeout_s: float,
+          max_reply_bytes: int) -> tuple[int, bytes]:
+  """`request`, also returning the status code."""
+  data = None if payload is None else json.dumps(payload).encode("utf-8")
+  headers = {"Content-Type": "application/json"} if data is not None else {}
+  reply = exchange(method, url, data, headers, timeout_s=timeout_s,
+                   max_reply_bytes=max_reply_bytes)
+  if not 200 <= reply.status < 300:
+    raise HTTPRequestError(method, url, reply.status, _error_message(reply.body),
+                           retryable=is_retryable_status(reply.status),
+                           retry_after=parse_retry_after(reply.header("Retry-After")))
+  return reply.status, reply.body
+
+
+def request_json(method: str, url: str, payload: Any = None, *, timeout_s: float,
+                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> Any:
   """`request`, then parses the body as JSON; a body that does not parse is retryable
   (a truncated or garbled response), with the start of the body in the message."""
-  status, body = _send(method, url, payload, timeout_s)
+  status, body = _send(method, url, payload, timeout_s, max_reply_bytes)
   try:
     return json.loads(body)
   except (ValueError, RecursionError) as error:

@@ -7,7 +7,9 @@ Talks only to the server's native API; the `sglang` package is never imported.
                    `output_ids` and `meta_info.output_token_logprobs`, so no text is ever
                    re-tokenised.
   update_weights   exports the model as an HF safetensors directory (one per version, the last
-                   `keep_versions` kept) and POSTs /update_weights_from_disk. The directory
+                   `keep_versions` kept; only directories holding the `EXPORT_MARKER` file
+                   that every export writes are ever deleted) and POSTs
+                   /update_weights_from_disk. The directory
                    must be readable by the server at the same path (same machine or a shared
                    filesystem; not a bucket URL). sglang-jax has no such endpoint: there,
                    restart the server on the exported directory instead. Multi-host: every
@@ -41,7 +43,8 @@ Semantics the caller should know:
   * sglang-jax repeats earlier snapshots in `output_token_logprobs` once an output exceeds
     ~50 tokens; the last `completion_tokens` entries are the right ones, and their token ids
     are checked against `output_ids`.
-  * A reply is validated before anything uses it: every token id inside the vocabulary
+  * A reply is validated before anything uses it: at least one token (the stop token is
+    kept, so even a reply that stops at once has one), every token id inside the vocabulary
     (`vocab_size`), every log-prob finite and <= 0 (up to `LOGPROB_SLACK` of rounding), no more
     tokens than `max_new_tokens`, one log-prob per token. A reply that fails is asked for again
     (a fresh sample), like a transient HTTP failure; a request that still fails after its
@@ -60,16 +63,18 @@ import re
 import shutil
 import threading
 import time
-import urllib.parse
 from typing import Any, Mapping, Sequence
 
 from rised_jax.rollout import http_retry
 from rised_jax.rollout.base import (EngineDefaults, GenerationFailed, GenerationRequest,
                                     GenerationResult, StopCheck)
-from rised_jax.checks import is_int, is_number
+from rised_jax.checks import is_http_url, is_int, is_number
 
 log = logging.getLogger(__name__)
 _VERSION_DIR = re.compile(r"^v(\d+)$")
+# Written into every version directory an export creates: pruning and re-exporting delete only
+# directories that hold it, never a `v<N>` someone else put in weight_dir.
+EXPORT_MARKER = ".rised_jax_export"
 # A log-prob may exceed 0 by this much (float32 rounding of a log-softmax near 0), no more.
 LOGPROB_SLACK = 1e-4
 
@@ -163,6 +168,11 @@ def parse_generate_response(response: Any, where: str = "/generate", *,
     raise SGLangError(
         f"{where}: response has no integer list 'output_ids' (got {output_ids!r:.200}); "
         "the client needs a server that returns output_ids (SGLang >= 0.4 native /generate)")
+  if not output_ids:
+    # We ask for no_stop_trim, so even a reply that stops at once holds its stop token: a
+    # reply without a token is one the server broke (and no turn can be built from it).
+    raise SGLangError(f"{where}: output_ids is empty; a reply holds at least one token (the "
+                      "stop token is kept: no_stop_trim=true)")
   if max_new_tokens is not None and len(output_ids) > max_new_tokens:
     raise SGLangError(f"{where}: {len(output_ids)} output tokens for max_new_tokens="
                       f"{max_new_tokens}")
@@ -206,6 +216,11 @@ def parse_generate_response(response: Any, where: str = "/generate", *,
                           finish_reason=_finish_reason(meta_info, where))
 
 
+def _is_export(path: str) -> bool:
+  """Whether `path` is a version directory a weight export wrote (it holds the marker)."""
+  return os.path.isfile(os.path.join(path, EXPORT_MARKER))
+
+
 class SGLangEngine(EngineDefaults):
   """Token-in, token-out generation on an SGLang server; see the module docstring.
 
@@ -224,14 +239,16 @@ class SGLangEngine(EngineDefaults):
     tokenizer: written next to the weights (the exporter needs it).
     export_dtype: dtype of the exported weights (None: the exporter's default).
     keep_versions: how many exported versions stay on disk (the loaded one always stays).
+    max_reply_bytes: the largest reply body read (`http_retry`); a larger reply fails its
+      request (not retried: the same request gets the same reply).
   """
 
   def __init__(self, base_url: str, *, max_concurrency: int = 8, timeout_s: float = 600.0,
                max_retries: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 30.0,
                vocab_size: int | None = None, weight_dir: str | None = None,
-               tokenizer: Any = None, export_dtype: str | None = None, keep_versions: int = 2):
-    parsed = urllib.parse.urlparse(base_url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+               tokenizer: Any = None, export_dtype: str | None = None, keep_versions: int = 2,
+               max_reply_bytes: int = http_retry.DEFAULT_MAX_REPLY_BYTES):
+    if not is_http_url(base_url):
       raise ValueError(f"SGLangEngine base_url must look like http://HOST:PORT, got {base_url!r}")
     if max_concurrency < 1:
       raise ValueError(f"SGLangEngine max_concurrency must be >= 1, got {max_concurrency}")
@@ -246,6 +263,7 @@ class SGLangEngine(EngineDefaults):
                        "exports from a filesystem path, not a URL; give a local or shared "
                        "directory (config.rollout.sglang.weight_dir when the workdir is a "
                        "bucket)")
+    self.max_reply_bytes = http_retry.check_max_reply_bytes("SGLangEngine", max_reply_bytes)
     self.base_url = base_url.rstrip("/")
     self.max_concurrency = max_concurrency
     self.timeout_s = float(timeout_s)
@@ -279,8 +297,9 @@ class SGLangEngine(EngineDefaults):
     log.info("SGLang: retry in %.2f s after: %s", wait_s, error)
 
   def _call_json(self, method: str, path: str, payload: Any = None) -> Any:
-    return self._retry(lambda: http_retry.request_json(method, self._url(path), payload,
-                                                       timeout_s=self.timeout_s))
+    return self._retry(lambda: http_retry.request_json(
+        method, self._url(path), payload, timeout_s=self.timeout_s,
+        max_reply_bytes=self.max_reply_bytes))
 
   def close(self) -> None:
     """Waits for in-flight requests and releases the worker threads."""
@@ -298,7 +317,8 @@ class SGLangEngine(EngineDefaults):
     """True when GET /health answers 200; False when the server is down or unhealthy.
     One try, no retries: this is what a caller polls."""
     try:
-      http_retry.request("GET", self._url("/health"), timeout_s=min(self.timeout_s, 5.0))
+      http_retry.request("GET", self._url("/health"), timeout_s=min(self.timeout_s, 5.0),
+                         max_reply_bytes=self.max_reply_bytes)
     except http_retry.HTTPRequestError:
       return False
     return True
@@ -317,7 +337,8 @@ class SGLangEngine(EngineDefaults):
     are running or queued; that is an SGLangError."""
     try:
       self._retry(lambda: http_retry.request("POST", self._url("/flush_cache"),
-                                             timeout_s=self.timeout_s))
+                                             timeout_s=self.timeout_s,
+                                             max_reply_bytes=self.max_reply_bytes))
     except http_retry.HTTPRequestError as error:
       raise SGLangError(f"SGLang did not flush its cache: {error} (the server refuses while "
                         "requests are in flight; call it between generate() batches)") from error
@@ -340,7 +361,8 @@ class SGLangEngine(EngineDefaults):
     payload = build_generate_payload(request)
 
     def attempt() -> GenerationResult:
-      response = http_retry.request_json("POST", url, payload, timeout_s=self.timeout_s)
+      response = http_retry.request_json("POST", url, payload, timeout_s=self.timeout_s,
+                                         max_reply_bytes=self.max_reply_bytes)
       try:
         return parse_generate_response(response, where,
                                        max_new_tokens=request.params.max_new_tokens,
@@ -411,7 +433,14 @@ class SGLangEngine(EngineDefaults):
 
     def publish():
       if os.path.isdir(target):
+        if not _is_export(target):
+          raise SGLangError(f"{target} exists and was not written by a weight export (no "
+                            f"{EXPORT_MARKER} in it); it is left alone: move it, or give "
+                            "config.rollout.sglang.weight_dir a directory of its own")
         shutil.rmtree(target)
+      with open(os.path.join(staging, EXPORT_MARKER), "w", encoding="utf-8") as marker:
+        marker.write(f"weights version {version}, exported by rised_jax for an SGLang server; "
+                     "deleted by the export's pruning\n")
       os.rename(staging, target)
 
     parallel.on_coordinator(clear_staging, f"clearing {staging}", SGLangError)
@@ -472,10 +501,12 @@ class SGLangEngine(EngineDefaults):
             "or use the in-process engine for on-policy training.")
 
   def _prune_exports(self, keep: str) -> None:
-    """Deletes version directories beyond the newest `keep_versions` (never `keep`)."""
+    """Deletes exported version directories beyond the newest `keep_versions` (never `keep`,
+    never one without the export marker)."""
     versions = sorted(
         (int(match.group(1)), name) for name in os.listdir(self.weight_dir)
-        if (match := _VERSION_DIR.match(name)))
+        if (match := _VERSION_DIR.match(name))
+        and _is_export(os.path.join(self.weight_dir, name)))
     others = [name for _, name in versions if os.path.join(self.weight_dir, name) != keep]
     for name in others[:max(0, len(others) - (self.keep_versions - 1))]:
       shutil.rmtree(os.path.join(self.weight_dir, name), ignore_errors=True)

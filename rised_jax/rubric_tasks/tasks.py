@@ -12,15 +12,22 @@ One task per JSONL line:
       "weight": -2, "check": {"type": "claim", ...}}],        negative weight: a pitfall
    "reference": "..."}                         optional reference answer
 
-Weights are finite and non-zero; a task needs at least one positive weight. The check specs are
-described in `rubric_tasks.checks`. Errors name the file, the line and the key.
+Weights are finite and non-zero; a task needs at least one positive weight. A weight is a JSON
+number or a ratio string ("1/18"), and it is read exactly as written: the number's own text
+(0.1 is 1/10, 0.05555555555555555 that decimal) or the ratio, as a `fractions.Fraction`. CriPO
+decides SC, y*, its counterfactual rollouts and the sign of each advantage on these exact
+values (`learn.cripo`), so rubrics normalised by their sum (an integer over the sum) decide as
+their integers would. The check specs are described in `rubric_tasks.checks`. Errors name the
+file, the line and the key.
 """
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import json
 import math
 import os
+import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -29,7 +36,7 @@ from rised_jax import json_data
 from rised_jax.rubric_tasks import checks as checks_lib
 from rised_jax.rubric_tasks import text as text_lib
 from rised_jax.rubric_tasks.checks import RubricFormatError
-from rised_jax.checks import is_number
+from rised_jax.checks import is_int, is_number
 
 BUILTIN_PATH = os.path.join(os.path.dirname(__file__), "data", "science_medicine.jsonl")
 BUILTIN_NAME = "rubric_science_medicine"
@@ -41,7 +48,7 @@ class Criterion:
 
   id: str
   text: str
-  weight: float
+  weight: fractions.Fraction   # exactly as the task file wrote it
   check: checks_lib.Check
 
   @property
@@ -66,8 +73,11 @@ class RubricTask:
 
   @property
   def weights(self) -> np.ndarray:
-    """ω as float32 [num_criteria]."""
-    return np.asarray([c.weight for c in self.criteria], np.float32)
+    """ω as written in the task file: `fractions.Fraction`, object [num_criteria] (compare
+    and sum them exactly; np.asarray(weights, np.float64) for float arithmetic)."""
+    weights = np.empty(len(self.criteria), object)
+    weights[:] = [c.weight for c in self.criteria]
+    return weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +98,50 @@ def _string(obj: dict[str, Any], key: str, where: str) -> str:
   return value
 
 
+class _FileNumber(float):
+  """A JSON number with the text the file wrote (json's parse_float hook): a float to every
+  reader, and the exact decimal where a weight needs it."""
+
+  def __new__(cls, text: str):
+    number = super().__new__(cls, text)
+    number.text = text
+    return number
+
+
+_RATIO = re.compile(r"\s*[+-]?\d+\s*/\s*\d+\s*")
+
+
+def _exact_weight(value: Any, where: str) -> fractions.Fraction:
+  """A weight as written: a JSON number's text, an int, a "p/q" string (a float given in
+  code reads as its shortest round-tripping decimal, the text a JSON writer writes)."""
+  expected = 'expected a finite non-zero number or a ratio string such as "1/18"'
+  if isinstance(value, str):
+    if not _RATIO.fullmatch(value):
+      raise RubricFormatError(f"{where}.weight: {value!r} is not a ratio of integers; {expected}")
+    numerator, denominator = value.split("/")
+    if int(denominator) == 0:
+      raise RubricFormatError(f"{where}.weight: {value!r} divides by zero; {expected}")
+    weight = fractions.Fraction(int(numerator), int(denominator))
+  elif is_number(value, finite=False) and not (isinstance(value, float)
+                                              and not math.isfinite(value)):
+    if isinstance(value, _FileNumber):
+      weight = fractions.Fraction(value.text)
+    elif is_int(value):
+      weight = fractions.Fraction(int(value))
+    else:
+      weight = fractions.Fraction(np.format_float_positional(value, unique=True, trim="-"))
+  else:
+    raise RubricFormatError(f"{where}.weight: {expected}, got {value!r}")
+  # The weight's float feeds the float rewards: it must be finite and non-zero too.
+  try:
+    as_float = float(weight)
+  except OverflowError:
+    as_float = math.inf
+  if not math.isfinite(as_float) or as_float == 0:
+    raise RubricFormatError(f"{where}.weight: {expected}, got {value!r}")
+  return weight
+
+
 def _parse_criterion(obj: Any, where: str) -> Criterion:
   if not isinstance(obj, dict):
     raise RubricFormatError(f"{where}: expected a criterion object, got {obj!r}")
@@ -97,11 +151,8 @@ def _parse_criterion(obj: Any, where: str) -> Criterion:
   unknown = sorted(obj.keys() - {"id", "text", "weight", "check"})
   if unknown:
     raise RubricFormatError(f"{where}: unknown key(s) {unknown}; expected ['check', 'id', 'text', 'weight']")
-  weight = obj["weight"]
-  if (not is_number(weight)
-      or weight == 0):
-    raise RubricFormatError(f"{where}.weight: expected a finite non-zero number, got {weight!r}")
-  return Criterion(id=_string(obj, "id", where), text=_string(obj, "text", where), weight=float(weight),
+  weight = _exact_weight(obj["weight"], where)
+  return Criterion(id=_string(obj, "id", where), text=_string(obj, "text", where), weight=weight,
                    check=checks_lib.parse_check(obj["check"], f"{where}.check"))
 
 
@@ -134,6 +185,15 @@ def parse_task(obj: Any, where: str) -> RubricTask:
       domain=_string(obj, "domain", where) if "domain" in obj else None)
 
 
+def parse_task_json(line: str, where: str) -> RubricTask:
+  """One task from its JSON text, each weight read from the number's own text."""
+  try:
+    obj = json.loads(line, parse_float=_FileNumber)
+  except json.JSONDecodeError as e:
+    raise RubricFormatError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+  return parse_task(obj, where)
+
+
 def load_jsonl(path: str | os.PathLike[str], name: str | None = None) -> RubricTaskSet:
   """Loads and validates a task file; blank lines are skipped. Errors say file:line: key."""
   path = os.fspath(path)
@@ -147,11 +207,7 @@ def load_jsonl(path: str | os.PathLike[str], name: str | None = None) -> RubricT
       continue
     where = f"{path}:{line_number}"
     json_data.check_shape(line, where, RubricFormatError, line=line_number)
-    try:
-      obj = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise RubricFormatError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-    task = parse_task(obj, where)
+    task = parse_task_json(line, where)
     if task.id in first_line:
       raise RubricFormatError(
           f"{where}.id: duplicate task id {task.id!r} (first defined on line {first_line[task.id]})")

@@ -36,7 +36,7 @@ is a hallucination, not a syntax error); *ineffective* when it is invalid or rep
 
 Until issue 14, `efficient` counted the losing step as waste (every lost Countdown game was
 inefficient) and `makes_progress`, `recovers_from_mistakes` and `uses_feedback` read the
-winning turn; the README gives the tags' predictability per environment before and after.
+winning turn; docs/judges.md gives the tags' predictability per environment before and after.
 
 A vocabulary without some of these ids simply never gets them; a vocabulary with none of
 them is refused. Rule-based verdicts are never unjudged.

@@ -5,7 +5,8 @@ A vocabulary is data: a JSON file holding a list of entries
 (rubrics/data/agentic_v1.json) is this project's own choice **[R-choice: the vocabulary]**;
 a config may name any other file instead, or a plug-in: an entry point of group
 `rised_jax.vocabularies` or an import path "package.module:ATTRIBUTE" whose object is a
-`Vocabulary`, a list of entries, a path to a JSON file, or a callable returning one of these.
+`Vocabulary`, a list of entries, a path to a JSON file, or a function declared with
+`@rised_jax.plugins.factory("vocabulary")` returning one of these (no other callable is called).
 
 Tag vectors are multi-hot float32 arrays over the entries, in file order.
 """
@@ -144,6 +145,12 @@ class Vocabulary:
     try:
       found = entry.load() if entry is not None else plugins.import_object("vocabulary", name)
       if callable(found) and not isinstance(found, type):
+        if not plugins.is_factory("vocabulary", found):
+          raise VocabularyError(
+              f"vocabulary {name!r} is the callable {found!r:.80}, not declared a vocabulary "
+              "factory, so it is not called; expected a Vocabulary, a list of {id, polarity, "
+              "description} entries, a JSON file path or a function decorated with "
+              "@rised_jax.plugins.factory('vocabulary')")
         found = found()
     except VocabularyError:
       raise
@@ -158,7 +165,7 @@ class Vocabulary:
       return cls.load(found)
     raise VocabularyError(f"vocabulary {name!r}: the plug-in is {type(found).__name__}; expected a "
                           "Vocabulary, a list of {id, polarity, description} entries, a JSON file "
-                          "path or a callable returning one of these")
+                          "path or a registered factory (plugins.factory) returning one")
 
   def __len__(self) -> int:
     return len(self.entries)

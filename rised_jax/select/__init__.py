@@ -45,5 +45,5 @@ def check_config(config: Any) -> None:
   if config.select.name == "rised" and config.select.pool_groups == config.select.batch_groups:
     warnings.warn(f"config.select.name='rised' with pool_groups == batch_groups == "
                   f"{config.select.batch_groups}: every group is trained on, so profile "
-                  "selection does nothing (its chosen set beats a random subset only from "
-                  "pool_groups >= 4 * batch_groups)", stacklevel=3)
+                  "selection does nothing (the shipped configs roll out pool_groups = 4 * "
+                  "batch_groups; docs/changes/selector.md)", stacklevel=3)

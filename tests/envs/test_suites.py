@@ -30,6 +30,7 @@ from rised_jax.envs import text_suite
 from rised_jax.rubrics.rule_judge import RuleBasedJudge
 from rised_jax.rubrics.vocabulary import Vocabulary
 from rised_jax.types import Event, Task
+from tests.envs.test_envs import _within
 from tests.helpers.fake_engine import FakeEngine
 
 from tests.helpers import model_utils as mu
@@ -143,6 +144,21 @@ def check_keys(name: str, difficulty: dict, seed: int, other_seed: int) -> str:
   return first.instance_key()
 
 
+def partitions_by_key_and_view(name: str, difficulty: dict, seeds) -> tuple[dict, dict, dict]:
+  """Seeds grouped by instance key, by what the agent sees (first observation, oracle plan)
+  and by the suite's own instance (`_instance()`: level and grid, or task and variation)."""
+  env = envs.make(name, **difficulty)
+  by_key, by_view, by_instance = {}, {}, {}
+  for seed in seeds:
+    observation = env.reset(seed)
+    by_key.setdefault(env.instance_key(), set()).add(seed)
+    by_view.setdefault((observation, tuple(env.oracle())), set()).add(seed)
+    by_instance.setdefault(env._instance(), set()).add(seed)   # pylint: disable=protected-access
+  assert sorted(map(sorted, by_key.values())) == sorted(map(sorted, by_view.values()))
+  assert _within(by_instance, by_key)
+  return by_key, by_view, by_instance
+
+
 def check_bad_replies(env):
   """Unreadable and inadmissible replies cost a turn, never raise, and keep the game going."""
   env.reset(0)
@@ -174,6 +190,8 @@ def test_babyai_text_view_keys_and_bad_replies():
     assert f"You see a {front.color} {front.type} 1 step forward." in observation
   assert "You carry nothing." in observation
   check_keys("babyai", {"level": "GoToLocal"}, 0, 1)
+  by_key, _, by_instance = partitions_by_key_and_view("babyai", {"level": "GoToLocal"}, range(30))
+  assert len(by_key) == len(by_instance) == 30   # an 8x8 room: no two seeds looked alike
   check_bad_replies(env)
   # Walking into a wall changes nothing: the suite's state is the signal for no_effect.
   env.reset(0)
@@ -269,6 +287,16 @@ def test_twx_keys_folds_and_bad_replies():
   env.reset(7)
   assert env.instance[2] == "train" and env.instance[3] < 10_000
   check_bad_replies(env)
+
+
+@TWX
+def test_twx_keys_join_variations_the_agent_sees_alike():
+  """Two-room coin maps: 40 seeds are 40 train variations, but most start with the same
+  first observation and are won by the same commands: the key joins those (held out and
+  trained on, they would be one game to the agent)."""
+  params = {"params": "numLocations=2,includeDoors=0,numDistractorItems=0"}
+  by_key, _, by_instance = partitions_by_key_and_view("twx_coin", params, range(40))
+  assert len(by_instance) == 40 and 1 < len(by_key) <= 10
 
 
 @TWX

@@ -16,7 +16,9 @@ tokens, output_token_logprobs = the first 50 entries followed by all of them.
 
 Faults (`inject(path, fault, times)`) apply to the next `times` calls of that path; a rule
 (`poison(fault, predicate)`) applies that fault to every /generate call whose JSON body the
-predicate accepts, for as long as the server runs (until `reset`):
+predicate accepts, for as long as the server runs (until `reset`); `chaos(rate, kinds, seed,
+predicate)` gives each accepted /generate call, with probability `rate`, a fault drawn
+uniformly from `kinds` (a seeded stream), counting each in `injected`:
   "http500", "http400"   an error status with an SGLang-style message
   "drop"                 close the connection without answering
   "delay"                answer after `delay_s` seconds (meant to exceed the client's timeout)
@@ -31,6 +33,10 @@ Replies that follow the schema but are impossible (the client must reject them):
   "nan_logprob", "positive_logprob"   the first log-prob is NaN (JSON NaN) or +50
   "too_many"             54 tokens, whatever max_new_tokens asked for (counts consistent)
   "short_logprobs"       one output_token_logprobs entry fewer than output_ids
+  "empty"                no token at all, finish_reason "stop" (issue 23: impossible with
+                         no_stop_trim, which keeps the stop token)
+A reply too large to read (the client must stop at its cap):
+  "huge"                 a valid reply padded with `huge_bytes` bytes of text
 """
 from __future__ import annotations
 
@@ -38,6 +44,7 @@ import collections
 import http.server
 import json
 import os
+import random
 import threading
 import time
 from typing import Any, Callable
@@ -64,7 +71,7 @@ UPDATE_WEIGHTS_KEYS = frozenset({
 FAULTS = frozenset({"http500", "http400", "drop", "delay", "truncate", "bad_json",
                     "no_output_ids", "wrong_ids", "abort", "http429", "http408", "http503",
                     "drip", "bad_token", "nan_logprob", "positive_logprob", "too_many",
-                    "short_logprobs"})
+                    "short_logprobs", "empty", "huge"})
 ERROR_FAULTS = {"http500": 500, "http400": 400, "http429": 429, "http408": 408, "http503": 503}
 TOO_MANY = 54
 SNAPSHOT_LEN = 50
@@ -132,7 +139,7 @@ class FakeSGLangServer:
   def __init__(self, *, vocab_size: int = 1000, eos_token_id: int | None = None,
                special_token_ids: tuple[int, ...] = (), generate_delay_s: float = 0.0,
                delay_s: float = 2.0, logprob_snapshots: bool = False, drip_s: float = 0.05,
-               retry_after: str | None = None,
+               retry_after: str | None = None, huge_bytes: int = 1 << 20,
                has_weight_endpoint: bool = True,
                weight_loader: Callable[[str], None] | None = None):
     self.vocab_size = vocab_size
@@ -143,6 +150,7 @@ class FakeSGLangServer:
     self.logprob_snapshots = logprob_snapshots
     self.drip_s = drip_s
     self.retry_after = retry_after   # Retry-After header of injected 429/408/503 answers
+    self.huge_bytes = huge_bytes     # padding of an injected "huge" reply
     self.has_weight_endpoint = has_weight_endpoint
     self.weight_loader = weight_loader   # called with model_path; raising = a failed load
     self.model_path = "/fake/model"
@@ -153,6 +161,8 @@ class FakeSGLangServer:
     self._active_handlers = 0       # requests of any kind being handled
     self._faults: dict[str, collections.deque[str]] = collections.defaultdict(collections.deque)
     self._rules: list[tuple[str, Callable[[Any], bool]]] = []
+    self._chaos: tuple[float, tuple[str, ...], random.Random, Callable[[Any], bool]] | None = None
+    self.injected: collections.Counter[str] = collections.Counter()   # chaos faults sent
     self._lock = threading.Lock()
     self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
     self._httpd.daemon_threads = True
@@ -193,6 +203,13 @@ class FakeSGLangServer:
     with self._lock:
       self._rules.append((fault, predicate))
 
+  def chaos(self, rate: float, kinds: tuple[str, ...], seed: int,
+            predicate: Callable[[Any], bool] = lambda body: True) -> None:
+    if unknown := set(kinds) - FAULTS:
+      raise ValueError(f"unknown faults {sorted(unknown)}; known: {sorted(FAULTS)}")
+    with self._lock:
+      self._chaos = (rate, tuple(kinds), random.Random(seed), predicate)
+
   def calls_to(self, path: str) -> list[Any]:
     """The JSON bodies of the calls to `path`, in order."""
     with self._lock:
@@ -208,6 +225,8 @@ class FakeSGLangServer:
       self.calls.clear()
       self._faults.clear()
       self._rules.clear()
+      self._chaos = None
+      self.injected.clear()
       self.max_in_flight = 0
 
   # -- responses ----------------------------------------------------------------------------
@@ -217,9 +236,15 @@ class FakeSGLangServer:
       queue = self._faults[path]
       if queue:
         return queue.popleft()
-      if path == "/generate":
-        return next((fault for fault, accepts in self._rules if accepts(body)), None)
-      return None
+      if path != "/generate":
+        return None
+      fault = next((fault for fault, accepts in self._rules if accepts(body)), None)
+      if fault is None and self._chaos is not None:
+        rate, kinds, rng, accepts = self._chaos
+        if accepts(body) and rng.random() < rate:
+          fault = rng.choice(kinds)
+          self.injected[fault] += 1
+      return fault
 
   def _generate(self, body: Any, fault: str | None) -> dict[str, Any]:
     _check_generate_request(body, self.vocab_size)
@@ -266,6 +291,12 @@ class FakeSGLangServer:
                                 "output_ids": output_ids, "meta_info": meta_info}
     if fault == "no_output_ids":
       del response["output_ids"]
+    if fault == "empty":
+      response["output_ids"], response["text"] = [], ""
+      meta_info.update(completion_tokens=0, output_token_logprobs=[],
+                       finish_reason={"type": "stop", "matched": None})
+    if fault == "huge":
+      response["text"] = "x" * self.huge_bytes
     return response
 
   def _update_weights(self, body: Any) -> tuple[int, dict[str, Any]]:

@@ -6,10 +6,11 @@ import importlib.util
 import json
 from pathlib import Path
 
-from rised_jax import compare
+from rised_jax import compare, evaluate
 from rised_jax.model import tiny
 from rised_jax.pipelines.agentic import AgenticPipeline
 from rised_jax.rollout.base import GenerationResult
+from rised_jax.tasks import TaskStream
 from tests.helpers.fake_engine import FakeEngine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,6 +24,18 @@ def load_config_file(path: Path, arg: str):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(arg)
+
+
+def training_tasks(config):
+  """(the held-out evaluation tasks, the tasks of each training step), replayed from the
+  config as the trainer draws them: the oracle of the tests that count a run's faults."""
+  difficulty = config.envs.difficulty.to_dict()
+  held_out = evaluate.eval_tasks(config.envs.names, difficulty, config.eval.episodes_per_env,
+                                 config.eval.seed_offset)
+  stream = TaskStream(config.envs.names, difficulty, seed=config.seed,
+                      eval_seed_offset=config.eval.seed_offset,
+                      exclude=evaluate.instance_keys(held_out))
+  return held_out, [stream.next(config.select.pool_groups) for _ in range(config.train.steps)]
 
 
 class RecordingEngine(FakeEngine):
@@ -68,8 +81,9 @@ def frozenlake_pipeline(reply: str):
 
 def write_run(root: Path, preset: str, seed: int, values: dict[str, float], *,
               pipeline: str = "agentic", steps: int = 2, rollouts: int = 8, tokens: int = 5,
-              finished: bool = True) -> Path:
-  """A run directory as the trainer leaves it, with the given final evaluation."""
+              seconds: float = 1.0, finished: bool = True) -> Path:
+  """A run directory as the trainer leaves it, with the given final evaluation; each step's
+  metrics.jsonl record times its roll-out and its update at `seconds` each."""
   workdir = compare.run_dir(root, preset, seed)
   workdir.mkdir(parents=True)
   (workdir / "config.json").write_text(json.dumps(
@@ -82,6 +96,9 @@ def write_run(root: Path, preset: str, seed: int, values: dict[str, float], *,
   with open(workdir / "rollouts.jsonl", "w") as f:
     for i in range(rollouts):
       f.write(json.dumps({"step": 1 + i % steps, "env": "maze", "agent_tokens": tokens}) + "\n")
+  with open(workdir / "metrics.jsonl", "w") as f:
+    for step in range(1, steps + 1):
+      f.write(json.dumps({"step": step, "time/rollout": seconds, "time/step": seconds}) + "\n")
   if finished:
     (workdir / "summary.json").write_text("{}")
   return workdir

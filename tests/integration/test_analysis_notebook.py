@@ -202,9 +202,14 @@ def test_before_after_from_summary_and_from_eval(run):
 
 def test_plots_draw_the_computed_numbers(run):
   curves = analysis.pass_rate_curves(run)
-  ax = analysis.plot_pass_rates(curves).axes[0]
-  drawn = {line.get_label(): (line.get_xdata(), line.get_ydata()) for line in ax.get_lines()}
-  assert sorted(drawn) == ["maze", "mean", "wordle"]
+  axes = analysis.plot_pass_rates(curves).axes
+  # One panel per environment, then the mean: each band has an axis of its own.
+  assert [[line.get_label() for line in ax.get_lines()] for ax in axes[:3]] == [
+      ["maze"], ["wordle"], ["mean"]]
+  for ax in axes[:3]:   # whole-number step ticks, even over 3 steps
+    assert all(float(v).is_integer() for v in ax.xaxis.get_major_locator().tick_values(0, 3))
+  drawn = {line.get_label(): (line.get_xdata(), line.get_ydata())
+           for ax in axes for line in ax.get_lines()}
   np.testing.assert_array_equal(drawn["wordle"][1], [1 / 8, 2 / 8, 3 / 8])
   np.testing.assert_allclose(drawn["mean"][1], [3 / 16, 6 / 16, 9 / 16])
 
@@ -295,8 +300,8 @@ def test_metric_curves_and_training_panels(run):
   assert analysis.training_panels(curves) == [
       ("loss", ["loss"]), ("KL to the teacher (distillation)", ["distill_loss"]),
       ("entropy", ["entropy"]),
-      ("rollout reward and success", ["rollout/maze/success", "rollout/wordle/success"]),
-      ("skipped / dropped", ["select/zero_variance_groups"])]
+      ("rollout success rate", ["rollout/maze/success", "rollout/wordle/success"]),
+      ("skipped / dropped (count per step)", ["select/zero_variance_groups"])]
   fig = analysis.plot_training_curves(curves)
   drawn = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
            for ax in fig.axes for line in ax.get_lines()}

@@ -402,3 +402,21 @@ def test_main_job_changes_bad_arguments_are_named(argv, message, capsys):
   with pytest.raises(SystemExit):
     main_job_changes.main(argv)
   assert message in capsys.readouterr().err
+
+
+def test_plan_table_hand_checked(tmp_path):
+  """benchmarks/plan.py runs on the shipped paper configs; Qwen3-4B's parameter count and
+  the v5p-64 state per chip worked by hand."""
+  from benchmarks import plan  # noqa: PLC0415
+  out = tmp_path / "plan.json"
+  plan.main(["--out", str(out)])
+  rows = {row["config"]: row for row in json.loads(out.read_text())["configs"]}
+  assert set(rows) == {"RISED Qwen3-4B", "RISED Qwen3-1.7B", "CriPO Qwen3-4B",
+                       "CriPO Qwen3-1.7B"}
+  # 36 × (2560·128·(2·32 + 2·8) + 3·2560·9728 + 2·2560 + 2·128) + 151 936·2560 + 2560: the
+  # 4,022,468,096 parameters Qwen3-4B's model card states.
+  rised = rows["RISED Qwen3-4B"]
+  assert rised["params"] == 4_022_468_096
+  v5p = rised["machines"]["TPU v5p-64"]
+  assert v5p["chips"] == 32
+  assert v5p["state_gb_per_chip"] == pytest.approx(4_022_468_096 * 14 / 32 / 1e9)

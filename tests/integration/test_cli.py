@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rised_jax import trainer
+from rised_jax import stats, trainer
 from rised_jax.model import tiny
 from tests.helpers.run_fixtures import load_config_file
 
@@ -102,6 +102,9 @@ def test_rised_eval_reads_the_saved_config_and_writes_into_the_workdir(tmp_path)
   # "after" numbers.
   assert results == summary["after"]
   assert 0 < results["frozenlake"]["pass_rate"] < 1
+  # It prints the run's own before/after table, not the JSON.
+  assert stats.format_pass_rate_table(summary["before"], summary["after"]) in done.stdout
+  assert '"ci_high"' not in done.stdout
   # A second evaluation never overwrites the first file.
   written.write_text("mine\n")
   again = _cli("eval_entry", f"--workdir={workdir}", "--step=1", cwd=tmp_path)

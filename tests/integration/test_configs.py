@@ -95,7 +95,7 @@ DOCUMENTED = [
     ("tiny_cpu.py", None, {"algorithm": "rised", "model.source": "runs/tiny_model",
                            "envs.names": ["frozenlake", "maze"], "train.steps": 3}),
     ("tiny_cpu.py", "rised,easy", {"envs.names": ["maze"], "train.steps": 60,
-                                   "eval.episodes_per_env": 256}),
+                                   "eval.episodes_per_env": 12}),
     ("tiny_cpu.py", "grpo,setting=easy", {"algorithm": "grpo", "envs.names": ["maze"]}),
     ("tiny_cpu.py", "grpo,signpost", {"envs.names": ["tests.learning_envs:Signpost"],
                                       "rollout.group_size": 16, "train.steps": 100}),

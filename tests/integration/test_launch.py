@@ -36,27 +36,125 @@ def _flag(words: list[str], name: str) -> str:
   return values[0]
 
 
-def test_tpu_pod_dry_run_runs_one_command_on_every_worker():
-  done = _run(TPU, "--dry-run", "--tpu", "v5p-64", "--zone", "us-east5-a", "--project", "p",
-              "--config", CONFIG, "--workdir", "gs://bucket/runs/r1", "--setup",
+def _tpu(*args: str) -> subprocess.CompletedProcess:
+  return _run(TPU, "--dry-run", "--tpu", "v5p-64", "--zone", "us-east5-a", "--project", "p",
+              "--workdir", "gs://bucket/runs/r1", *args)
+
+
+def _remote(command: list[str]) -> str:
+  return _flag(command, "--command")
+
+
+def test_tpu_pod_dry_run_ships_installs_and_starts_detached():
+  done = _tpu("--config", CONFIG, "--setup", "--model", "gs://bucket/models/Qwen3-4B",
               "--sglang-url", "http://10.0.0.2:30000", "--weight-dir", "/mnt/shared/weights",
               "--", "--config.train.steps=3", "--config.rollout.stop_strings=['1', ',']")
   assert done.returncode == 0, done.stderr
-  setup, train = _commands(done.stdout)
-  for ssh in (setup, train):
+  archive, scp, install, start = _commands(done.stdout)
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=REPO, check=True).stdout.strip()
+  tarball = archive[archive.index("archive") + 2].split("=", 1)[1]
+  assert archive[:3] == ["git", "-C", str(REPO)] and archive[-1] == "HEAD"
+  assert tarball.endswith(f"rised_jax-{commit}.tar.gz")
+  assert scp[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "scp", tarball]
+  assert "--worker=all" in scp
+  for ssh in (install, start):
     # One ssh to all workers: the command string is the same on every host.
     assert ssh[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "v5p-64"]
     assert "--worker=all" in ssh and "--zone=us-east5-a" in ssh and "--project=p" in ssh
-  assert shlex.split(_flag(setup, "--command")) == [
-      "cd", "~/rised_jax", "&&", "python3", "-m", "pip", "install", "-q", "-e", "."]
-  remote = shlex.split(_flag(train, "--command"))
-  assert remote[:4] == ["cd", "~/rised_jax", "&&", "rised-train"]
-  assert remote[4:] == [
-      f"--config={CONFIG}", "--workdir=gs://bucket/runs/r1", "--distributed",
+  assert shlex.split(_remote(install)) == [
+      "mkdir", "-p", "~/rised_jax", "&&", "tar", "-xzf", f"~/rised_jax-{commit}.tar.gz", "-C",
+      "~/rised_jax", "&&", "cd", "~/rised_jax", "&&", "python3", "-m", "pip", "install", "-q",
+      "-c", "requirements/lock.txt", "-e", ".[tpu]", "&&", "mkdir", "-p", "~/models", "&&",
+      "gcloud", "storage", "cp", "-r", "gs://bucket/models/Qwen3-4B", "~/models/"]
+  remote = _remote(start)
+  assert "setsid nohup bash -c" in remote   # detached: a dropped ssh does not end the job
+  job = shlex.split(remote.split("bash -c ", 1)[1].split(" > /dev/null")[0])[0]
+  train = shlex.split(job.split("copier=$!; ", 1)[1].split(" > ", 1)[0])
+  assert train == [
+      "rised-train", f"--config={CONFIG}", "--workdir=gs://bucket/runs/r1", "--distributed",
+      "--config.model.source=~/models/Qwen3-4B",
       "--config.rollout.engine=sglang", "--config.rollout.sglang_url=http://10.0.0.2:30000",
       "--config.rollout.sglang.weight_dir=/mnt/shared/weights", "--config.train.steps=3",
       "--config.rollout.stop_strings=['1', ',']"]
-  assert not any("$" in word or "process_id" in word for word in remote)   # nothing per host
+  assert not any("$" in word or "process_id" in word for word in train)   # nothing per host
+
+
+def test_tpu_pod_hub_model_and_the_job_actions():
+  done = _tpu("--config", CONFIG, "--model", "Qwen/Qwen3-4B")
+  (start,) = _commands(done.stdout)      # no --setup: nothing shipped
+  assert "--config.model.source=Qwen/Qwen3-4B" in _remote(start)
+  for action, worker in (("--attach", "--worker=0"), ("--status", "--worker=all"),
+                         ("--stop", "--worker=all")):
+    done = _tpu(action)
+    assert done.returncode == 0, done.stderr
+    (ssh,) = _commands(done.stdout)
+    assert worker in ssh and "~/rised_jax_logs/r1." in _remote(ssh)
+
+
+# Stand-ins run on "a host" (this machine, HOME in a tmp dir): rised-train prints its arguments
+# and sleeps; gcloud's `storage cp SRC gs://bucket/PATH` copies into $FAKE_BUCKET/PATH.
+FAKE_RISED_TRAIN = """\
+#!/usr/bin/env bash
+echo "args: $*"
+sleep "${FAKE_TRAIN_SECONDS:-1}"
+echo "finished"
+"""
+FAKE_GCLOUD = """\
+#!/usr/bin/env bash
+[ "$1 $2" = "storage cp" ] || exit 9
+shift 2; [ "$1" = -q ] && shift
+mkdir -p "$(dirname "$FAKE_BUCKET/${2#gs://bucket/}")"
+cp "$1" "$FAKE_BUCKET/${2#gs://bucket/}"
+"""
+
+
+def test_tpu_pod_job_runs_detached_logs_to_the_bucket_and_stops(tmp_path):
+  """The start, status and stop commands the dry run prints, run by bash on a stand-in host."""
+  home, bin_dir, bucket = tmp_path / "home", tmp_path / "bin", tmp_path / "bucket"
+  for directory in (home / "rised_jax", bin_dir, bucket):
+    directory.mkdir(parents=True)
+  for name, text in (("rised-train", FAKE_RISED_TRAIN), ("gcloud", FAKE_GCLOUD)):
+    (bin_dir / name).write_text(text)
+    (bin_dir / name).chmod(0o755)
+  env = dict(os.environ, HOME=str(home), PATH=f"{bin_dir}:{os.environ['PATH']}",
+             FAKE_BUCKET=str(bucket), FAKE_TRAIN_SECONDS="3")
+
+  def on_host(action: str = "") -> str:
+    (ssh,) = _commands(_tpu("--config", CONFIG, *([action] if action else [])).stdout)
+    return subprocess.run(["bash", "-c", _remote(ssh)], env=env, capture_output=True,
+                          text=True, timeout=30, cwd=home).stdout
+
+  on_host()                                    # returns at once: the job is detached
+  pid = int((home / "rised_jax_logs" / "r1.pid").read_text())
+  os.kill(pid, 0)
+  assert "already running" in on_host()        # not started twice
+  assert ": running" in on_host("--status")
+  deadline = time.monotonic() + 20
+  while time.monotonic() < deadline and not list((bucket / "runs/r1/logs").glob("*.log")):
+    time.sleep(0.2)
+  (copied,) = (bucket / "runs" / "r1" / "logs").glob("*.log")
+  assert copied.read_text().splitlines() == [
+      f"args: --config={CONFIG} --workdir=gs://bucket/runs/r1 --distributed", "finished"]
+  deadline = time.monotonic() + 10   # the job exits right after its last copy
+  while time.monotonic() < deadline and ": not running" not in on_host("--status"):
+    time.sleep(0.2)
+  assert ": not running" in on_host("--status")
+
+  env["FAKE_TRAIN_SECONDS"] = "60"
+  on_host()
+  pid = int((home / "rised_jax_logs" / "r1.pid").read_text())
+  on_host("--stop")
+  deadline = time.monotonic() + 10
+  while time.monotonic() < deadline:
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      break
+    time.sleep(0.1)
+  else:
+    os.kill(pid, 9)
+    pytest.fail("--stop left the job running")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -139,7 +237,25 @@ sys.exit(3)
 """
 
 
-def test_gpu_node_script_stops_the_server_when_training_fails(tmp_path):
+def test_gpu_node_setup_and_detach_dry_runs():
+  done = _run(GPU, "--dry-run", "--model", "/m", "--config", "c.py", "--workdir", "/w",
+              "--setup", "--detach", "--", "--config.train.steps=1")
+  assert done.returncode == 0, done.stderr
+  (line,) = done.stdout.splitlines()
+  assert line.endswith("> /w/launch.log 2>&1 < /dev/null &")
+  assert shlex.split(line[2:].split(" > ")[0]) == [
+      "setsid", "nohup", "bash", str(GPU), "--model", "/m", "--config", "c.py", "--workdir", "/w", "--setup",
+      "--", "--config.train.steps=1"]
+  done = _run(GPU, "--dry-run", "--model", "/m", "--config", "c.py", "--workdir", "/w",
+              "--setup")
+  install = _commands(done.stdout)[0]
+  assert install == ["python3", "-m", "pip", "install", "-q", "-c",
+                     str(REPO / "requirements" / "lock.txt"), "-e", f"{REPO}[cuda]"]
+
+
+def _fake_node(tmp_path):
+  """A stand-in GPU node: fake SGLang server and rised-train on PATH, an HF-layout model dir
+  and a free port; the script's arguments for it."""
   bin_dir = tmp_path / "bin"
   bin_dir.mkdir()
   for name, text in (("fake_python", FAKE_SERVER), ("rised-train", FAKE_TRAIN)):
@@ -154,24 +270,45 @@ def test_gpu_node_script_stops_the_server_when_training_fails(tmp_path):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
   env = dict(os.environ, FAKE_DIR=str(tmp_path), PATH=f"{bin_dir}:{os.environ['PATH']}")
-  done = _run(GPU, "--model", str(model), "--config", "c.py", "--workdir",
-              str(tmp_path / "run"), "--port", str(port), "--health-timeout", "30",
-              "--sglang-python", str(bin_dir / "fake_python"), "--", "--config.train.steps=1",
-              env=env)
-  assert done.returncode == 3, done.stdout + done.stderr   # training's failure is the result
-  assert "healthy at" in done.stdout
-  assert (tmp_path / "train.args").read_text().splitlines()[-1] == "--config.train.steps=1"
-  pid = int((tmp_path / "server.pid").read_text())
-  deadline = time.monotonic() + 10
+  args = ["--model", str(model), "--config", "c.py", "--workdir", str(tmp_path / "run"),
+          "--port", str(port), "--health-timeout", "30",
+          "--sglang-python", str(bin_dir / "fake_python")]
+  return env, args
+
+
+def _wait_gone(pid: int, seconds: float, what: str) -> None:
+  deadline = time.monotonic() + seconds
   while time.monotonic() < deadline:
     try:
       os.kill(pid, 0)
     except ProcessLookupError:
-      break
+      return
     time.sleep(0.1)
-  else:
-    os.kill(pid, 9)
-    pytest.fail("the SGLang server outlived the launch script")
+  os.kill(pid, 9)
+  pytest.fail(what)
+
+
+def test_gpu_node_script_stops_the_server_when_training_fails(tmp_path):
+  env, args = _fake_node(tmp_path)
+  done = _run(GPU, *args, "--", "--config.train.steps=1", env=env)
+  assert done.returncode == 3, done.stdout + done.stderr   # training's failure is the result
+  assert "healthy at" in done.stdout
+  assert (tmp_path / "train.args").read_text().splitlines()[-1] == "--config.train.steps=1"
+  _wait_gone(int((tmp_path / "server.pid").read_text()), 10,
+             "the SGLang server outlived the launch script")
+
+
+def test_gpu_node_detached_job_runs_on_after_the_script_returns(tmp_path):
+  env, args = _fake_node(tmp_path)
+  done = _run(GPU, *args, "--detach", "--", "--config.train.steps=1", env=env)
+  assert done.returncode == 0 and "started in the background" in done.stdout, done.stderr
+  job = int((tmp_path / "run" / "launch.pid").read_text())
+  _wait_gone(job, 30, "the detached job did not finish")
+  log = (tmp_path / "run" / "launch.log").read_text()
+  assert "healthy at" in log   # the job's own output went to the workdir's log
+  assert (tmp_path / "train.args").read_text().splitlines()[-1] == "--config.train.steps=1"
+  _wait_gone(int((tmp_path / "server.pid").read_text()), 10,
+             "the SGLang server outlived the detached job")
 
 
 # ----------------------------------------------------------------------------- device check

@@ -1,5 +1,6 @@
-"""The non-finite guard: a step with a NaN/inf loss or gradient applies nothing, and a run that
-keeps producing them stops with an error, its checkpoints finite."""
+"""The step guards: a step with a NaN/inf loss or gradient, or an absurd update, applies nothing,
+and a run that keeps producing them stops with an error, its checkpoints holding the pre-fault
+state."""
 from __future__ import annotations
 
 import os
@@ -11,9 +12,11 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from flax import nnx
 
 from rised_jax import parallel
 from rised_jax.learn import train_step
+from rised_jax import model as model_lib
 from rised_jax.model import tiny
 from tests.helpers import step_fixtures
 
@@ -60,29 +63,37 @@ def test_a_non_finite_step_leaves_the_state_bit_identical(poison):
 
 
 def test_the_state_stays_finite_however_large_the_updates():
-  """lr = 3e38: Adam's ~lr-sized updates overflow float32 within two steps; whatever the step
-  skips (a NaN loss, a NaN gradient or an overflowed parameter), the state never holds one."""
+  """lr = 3e38: Adam's ~lr-sized updates overflow float32; whatever the step skips (a NaN loss
+  or gradient, an overflowed parameter, an update beyond step.max_update_ratio), the state never
+  holds a non-finite value and its step counter counts the applied updates only."""
   trainable, state = _trainable(learning_rate=3e38)
   skipped = []
   for i in range(4):
     state, metrics = trainable.step(state, trainable.put_batch(step_fixtures.batch(i)))
-    skipped.append(float(metrics["skipped_nonfinite"]))
+    skipped.append(float(metrics["skipped_nonfinite"]) + float(metrics["skipped_large_update"]))
     for path, leaf in _host_copy(state):
       assert np.isfinite(leaf).all(), (i, path)
-  assert skipped[0] == 0.0 and 1.0 in skipped
+  assert 1.0 in skipped
   assert int(state.step) == skipped.count(0.0)
 
 
-def _saved_params(checkpoint_dir: Path) -> list[np.ndarray]:
-  restored = ocp.StandardCheckpointer().restore((checkpoint_dir / "state").resolve())
-  return [np.asarray(x) for x in jax.tree.leaves(restored["params"])]
+def _by_path(tree) -> dict[str, np.ndarray]:
+  """Leaves by their path, spelt the same for an nnx state's pure dict (int keys) and orbax's
+  restored dict (str keys, each variable's array under "value")."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    key = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+    out[key.removesuffix("/value")] = np.asarray(leaf)
+  return out
 
 
-def test_a_diverging_run_stops_with_an_error_and_finite_checkpoints(tmp_path):
+def test_an_absurd_learning_rate_keeps_the_pre_fault_weights_in_every_checkpoint(tmp_path):
   """learning_rate=1e30 on the tiny config (one-move FrozenLake, where the random model wins
-  some rollouts, so the first step has a gradient): the run must fail (non-zero exit, a message
-  naming the key), every kept checkpoint must be finite and hold the last applied update's
-  state. Before the guard this run exited 0 with NaN checkpoints."""
+  some rollouts, so the first step has a gradient): Adam's first update is ~1e30, finite in
+  float32. Before the update-size guard it was applied, the later steps were skipped as
+  non-finite and every kept checkpoint held the 1e30 weights. Now every step is skipped as a
+  large update, the run fails naming the key and the last good checkpoint, and each kept
+  checkpoint holds the initial weights (compared with the model's own, loaded here)."""
   model_dir = tiny.write(tmp_path / "model", ["frozenlake"])
   workdir = tmp_path / "run"
   cmd = [sys.executable, "-m", "rised_jax.main", f"--config={CONFIG}:rised,easy",
@@ -93,24 +104,27 @@ def test_a_diverging_run_stops_with_an_error_and_finite_checkpoints(tmp_path):
          "--config.select.pool_groups=8", "--config.select.batch_groups=8",
          "--config.optim.learning_rate=1e30", "--config.train.steps=8",
          "--config.eval.episodes_per_env=4",
-         "--config.train.keep_checkpoints=10", "--config.train.max_nonfinite_steps=2"]
+         "--config.train.keep_checkpoints=2", "--config.train.max_nonfinite_steps=3"]
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
   proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
-  assert proc.returncode != 0, proc.stdout[-2000:]
-  assert "train.max_nonfinite_steps=2" in proc.stderr, proc.stderr[-3000:]
+  assert proc.returncode == 1, proc.stdout[-2000:]
+  assert "steps 1..3: 3 consecutive steps were skipped" in proc.stderr, proc.stderr[-3000:]
+  assert "config.step.max_update_ratio=1.0" in proc.stderr
+  assert "the last good state is checkpoint 2 in" in proc.stderr
   from rised_jax import runlog  # noqa: PLC0415
   lines = [m for m in runlog.read_jsonl(workdir / "metrics.jsonl") if "loss" in m]
-  skipped = [m["step"] for m in lines if m["train/skipped_nonfinite"] == 1.0]
-  applied = [m["step"] for m in lines if m["train/skipped_nonfinite"] == 0.0]
-  assert len(skipped) == 2 and skipped == [lines[-2]["step"], lines[-1]["step"]], lines
-  assert applied and max(applied) < skipped[0]
+  assert [(m["step"], m["train/skipped_nonfinite"], m["train/skipped_large_update"])
+          for m in lines] == [(1, 0.0, 1.0), (2, 0.0, 1.0), (3, 0.0, 1.0)]
+  assert all(m["update_ratio"] > 1e20 for m in lines)
   assert "results.md" not in os.listdir(workdir)   # no normal results table
   steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
-  # Checkpoints up to the last applied update, and none written for the failing step.
-  assert steps and max(steps) < skipped[-1] and max(applied) in steps
-  last_good = _saved_params(workdir / "checkpoints" / str(max(applied)))
+  assert steps == [1, 2]
+  model, _ = model_lib.from_pretrained(str(model_dir))
+  initial = _by_path(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
   for step in steps:
-    params = _saved_params(workdir / "checkpoints" / str(step))
-    assert all(np.isfinite(p).all() for p in params), step
-    if step >= max(applied):
-      assert all(np.array_equal(a, b) for a, b in zip(params, last_good)), step
+    restored = ocp.StandardCheckpointer().restore(
+        (workdir / "checkpoints" / str(step) / "state").resolve())
+    saved = _by_path(restored["params"])
+    assert saved.keys() == initial.keys(), step
+    for key, value in initial.items():
+      assert np.array_equal(saved[key], value), (step, key)

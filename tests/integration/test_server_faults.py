@@ -15,14 +15,13 @@ import pytest
 from tests.helpers.fake_sglang_server import FakeSGLangServer
 from rised_jax import config as config_lib
 from rised_jax import pipelines
-from rised_jax import evaluate, trainer
+from rised_jax import trainer
 from rised_jax.learn import batching
 from rised_jax.model import tiny
 from rised_jax.pipelines import make_pipeline
 from rised_jax.rollout.agent_loop import sampling_seed
 from rised_jax.rollout.sglang_engine import SGLangEngine
-from rised_jax.tasks import TaskStream
-from tests.helpers.run_fixtures import load_config_file
+from tests.helpers.run_fixtures import load_config_file, training_tasks
 
 CONFIG = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "tiny_cpu.py"
 FAULTS = ["bad_token", "nan_logprob", "positive_logprob", "too_many", "short_logprobs"]
@@ -166,16 +165,11 @@ def test_a_run_on_a_faulty_server_drops_and_counts_and_stays_finite(server, toke
   lines = [line for line in lines if "time/rollout" in line]   # the steps' (not eval) lines
   assert [line["step"] for line in lines] == [1, 2]
   # The oracle: which groups have a poisoned request, from the tasks and seeds of each step.
-  difficulty = config.envs.difficulty.to_dict()
-  held_out = evaluate.eval_tasks(config.envs.names, difficulty, config.eval.episodes_per_env,
-                                 config.eval.seed_offset)
-  stream = TaskStream(config.envs.names, difficulty, seed=config.seed,
-                      eval_seed_offset=config.eval.seed_offset,
-                      exclude=evaluate.instance_keys(held_out))
-  for step, line in enumerate(lines):
+  _, steps = training_tasks(config)
+  for step, (line, tasks) in enumerate(zip(lines, steps, strict=True)):
     seeds = [[sampling_seed(config.seed * 1_000_003 + step, task, rollout, 0)
               for rollout in range(config.rollout.group_size)]
-             for task in stream.next(config.select.pool_groups)]
+             for task in tasks]
     bad = [sum(seed % 7 == 0 for seed in group) for group in seeds]
     assert all(math.isfinite(v) for v in line.values() if isinstance(v, float))
     assert line["rollout/groups_dropped"] == sum(b > 0 for b in bad)

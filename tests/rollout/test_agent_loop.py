@@ -15,7 +15,7 @@ from flax import nnx
 
 from tests.helpers import model_utils as mu
 from rised_jax.model import ModelConfig, Tokenizer, from_pretrained
-from rised_jax.rollout.agent_loop import AgentLoop, make_env, sampling_seed
+from rised_jax.rollout.agent_loop import AgentLoop, EnvironmentFailure, make_env, sampling_seed
 from rised_jax.rollout.base import GenerationRequest, GenerationResult, SamplingParams
 from rised_jax.rollout.chat import ChatFormat
 from rised_jax.rollout.jax_engine import JaxEngine
@@ -368,9 +368,12 @@ def test_token_budget_truncates_as_failure(tokenizer):
 
 
 def test_prompt_over_the_token_budget_is_an_error(tokenizer):
+  # An environment error of its group (issue 23; tests/rollout/test_loop_faults.py): with no
+  # other group left, the run is a clear error naming the task and the budget.
   loop = AgentLoop(ScriptedEngine({}), tokenizer, max_new_tokens_per_turn=8,
                    max_total_tokens=50, sampling=SAMPLING)
-  with pytest.raises(ValueError, match=r"countdown:3.*max_total_tokens=50"):
+  with pytest.raises(EnvironmentFailure, match=r"task countdown:3 rollout 0, reset: ValueError: "
+                                               r"the prompt .*max_total_tokens=50"):
     loop.run([Task("countdown", 3)], 1)
 
 

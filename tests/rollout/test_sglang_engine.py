@@ -211,6 +211,8 @@ IMPOSSIBLE = [
     ("positive_logprob", "output_token_logprobs[0] is 50.0; a log-probability is finite"),
     ("too_many", "54 output tokens for max_new_tokens=4"),
     ("short_logprobs", "has 3 entries for 4 output tokens"),
+    # Issue 23: passed validation, then raised in the agent loop and ended the run.
+    ("empty", "output_ids is empty; a reply holds at least one token"),
 ]
 
 
@@ -537,6 +539,36 @@ def test_weight_sync_keeps_the_last_versions_only(fake, tmp_path, tiny_model):
   assert sorted(os.listdir(tmp_path / "w")) == ["v3", "v4"]
   assert [c["weight_version"] for c in fake.calls_to("/update_weights_from_disk")] == [
       "1", "2", "3", "4"]
+
+
+def test_weight_sync_prunes_only_the_folders_it_wrote(fake, tmp_path, tiny_model):
+  # Issue 23: pruning deleted every v<N> in weight_dir, whoever had put it there.
+  model, tokenizer = tiny_model
+  foreign = tmp_path / "w" / "v1"
+  foreign.mkdir(parents=True)
+  (foreign / "model.safetensors").write_bytes(b"someone else's weights")
+  with weight_engine(fake, tmp_path, tokenizer, keep_versions=1) as client:
+    for version in (2, 3, 4):
+      client.update_weights(model, version)
+  assert sorted(os.listdir(tmp_path / "w")) == ["v1", "v4"]
+  assert (foreign / "model.safetensors").read_bytes() == b"someone else's weights"
+  assert (tmp_path / "w" / "v4" / ".rised_jax_export").is_file()
+
+
+def test_weight_sync_never_overwrites_a_version_folder_it_did_not_write(fake, tmp_path,
+                                                                        tiny_model):
+  model, tokenizer = tiny_model
+  foreign = tmp_path / "w" / "v2"
+  foreign.mkdir(parents=True)
+  (foreign / "notes.txt").write_text("keep me")
+  with weight_engine(fake, tmp_path, tokenizer) as client:
+    with pytest.raises(SGLangError, match=r"w/v2 exists and was not written by a weight export "
+                                          r"\(no \.rised_jax_export in it\)"):
+      client.update_weights(model, version=2)
+    client.update_weights(model, version=3)   # a version of its own is exported as usual
+  assert (foreign / "notes.txt").read_text() == "keep me"
+  assert sorted(os.listdir(tmp_path / "w")) == ["v2", "v3"]
+  assert fake.calls_to("/update_weights_from_disk")[-1]["weight_version"] == "3"
 
 
 def test_weight_sync_failure_on_the_server_is_reported_and_cleaned_up(fake, tmp_path,

@@ -8,44 +8,10 @@ import pytest
 
 from rised_jax.select import SELECTORS, cosine_similarity, greedy_select, make_selector
 from rised_jax.rubrics.profiles import group_profile
-from rised_jax.types import Group, GroupTags, Task, Trajectory
-
-NUM_TAGS = 13
-
-
-def make_group(env, seed, tags, rewards, unjudged=None):
-  """A group whose rollout i has reward (= success) rewards[i], and its judge's answer: tag
-  vector tags[i] (tags None: no rollout judged), unjudged[i] marking failed judgements."""
-  trajs = [Trajectory(Task(env, seed), [], [], [], 0, [], success=bool(reward > 0.5),
-                      reward=float(reward)) for reward in rewards]
-  if tags is None:
-    group_tags = GroupTags(np.zeros((len(rewards), NUM_TAGS), np.float32),
-                           np.ones(len(rewards), bool))
-  else:
-    group_tags = GroupTags(np.asarray(tags, np.float32).reshape(len(rewards), -1),
-                           np.asarray(unjudged if unjudged is not None else
-                                      [False] * len(rewards), bool))
-  return Group(Task(env, seed), trajs), group_tags
-
-
-def unzip(pairs):
-  """[(group, tags)] -> (groups, tags)."""
-  pairs = list(pairs)
-  return [g for g, _ in pairs], [t for _, t in pairs]
-
-
-def random_pool(rng, num_groups, group_size=8, num_envs=4, noise=0.15):
-  """Groups whose binary tags follow per-environment rates (plus per-group noise), and their
-  tags."""
-  env_rates = rng.beta(0.5, 0.5, size=(num_envs, NUM_TAGS))
-  pairs = []
-  for k in range(num_groups):
-    env = int(rng.integers(num_envs))
-    rates = np.clip(env_rates[env] + rng.normal(0, noise, NUM_TAGS), 0, 1)
-    tags = (rng.random((group_size, NUM_TAGS)) < rates).astype(np.float32)
-    rewards = (rng.random(group_size) < rng.random()).astype(np.float32)
-    pairs.append(make_group(f"env{env}", k, tags, rewards))
-  return unzip(pairs)
+from rised_jax.types import Group, Task
+from tests.select.pools import (NUM_TAGS, beta_pool, dirichlet_pool, make_group, mean_gap,
+                                mean_pairwise_cosine, prototype_pool, random_mean_gap,
+                                random_pairwise_cosine, tag_profiles, unzip, untagged_fractions)
 
 
 def choose(selector, pool_and_tags, batch_size, step):
@@ -54,12 +20,13 @@ def choose(selector, pool_and_tags, batch_size, step):
   return selector.select(pool, batch_size, step, tags)
 
 
-def profiles_of(pool, tags):
-  return np.stack([group_profile(g, t) for g, t in zip(pool, tags)]).astype(np.float64)
+def behaviour_of(tags):
+  """The reference φ_g [K, 14] (mean tags ⊕ fraction with no tag), from tests.select.pools."""
+  return np.concatenate([tag_profiles(tags), untagged_fractions(tags)[:, None]], axis=1)
 
 
-def mean_gap(profiles, subset):
-  return float(np.sum((profiles[list(subset)].mean(0) - profiles.mean(0)) ** 2))
+def unit(v):
+  return v / np.linalg.norm(v)
 
 
 # --- similarity and the greedy objectives ------------------------------------------------------
@@ -76,14 +43,14 @@ def test_cosine_similarity_matches_numpy_and_handles_zero_rows():
   np.testing.assert_allclose(cosine_similarity(a, b), expected, atol=1e-12)
 
 
-def test_lambda_zero_is_pure_alignment():
+def test_mmr_lambda_zero_is_pure_alignment():
   rng = np.random.default_rng(1)
   for _ in range(20):
-    pool, tags = random_pool(rng, 20)
-    phi = profiles_of(pool, tags)
+    pool, tags = beta_pool(rng, 20)
+    phi = behaviour_of(tags)
     target = phi.mean(0)
-    alignment = [p @ target / (np.linalg.norm(p) * np.linalg.norm(target)) for p in phi]
-    chosen = make_selector("rised", lam=0.0).select(pool, 6, step=3, tags=tags)
+    alignment = [unit(p) @ unit(target) for p in phi]
+    chosen = make_selector("rised", objective="mmr", lam=0.0).select(pool, 6, step=3, tags=tags)
     assert chosen == list(np.argsort(alignment)[::-1][:6])
 
 
@@ -91,59 +58,113 @@ def test_mmr_redundancy_term_matches_a_direct_implementation():
   """Each pick maximises sim(φ_g, φ̄) − λ·max_{s∈S} sim(φ_g, φ_s), written with loops."""
   rng = np.random.default_rng(2)
   for lam in (0.3, 2.0):
-    pool, tags = random_pool(rng, 15)
-    phi = profiles_of(pool, tags)
+    pool, tags = dirichlet_pool(rng, 15)
+    phi = behaviour_of(tags)
     target = phi.mean(0)
-
-    def cos(u, v):
-      return u @ v / (np.linalg.norm(u) * np.linalg.norm(v))
-
     expected = []
     for _ in range(5):
-      scores = {g: cos(phi[g], target) - lam * max((cos(phi[g], phi[s]) for s in expected),
-                                                   default=0.0)
+      scores = {g: unit(phi[g]) @ unit(target) - lam * max(
+          (unit(phi[g]) @ unit(phi[s]) for s in expected), default=0.0)
                 for g in range(len(pool)) if g not in expected}
       expected.append(max(scores, key=scores.get))
-    assert make_selector("rised", lam=lam).select(pool, 5, step=0, tags=tags) == expected
+    assert make_selector("rised", objective="mmr", lam=lam).select(pool, 5, 0, tags) == expected
 
 
-def test_composition_with_one_pick_is_the_brute_force_optimum():
+@pytest.mark.parametrize("direction_weight,direction_target", [(2.0, 0.9), (0.0, 1.0), (1.0, 0.5)])
+def test_composition_matches_a_direct_implementation(direction_weight, direction_target):
+  """Each pick minimises ‖mean_{S∪g} φ − φ̄‖² + α²‖mean_{S∪g} φ/‖φ‖ − c·mean φ/‖φ‖‖², written
+  with loops over the reference profiles; with one pick it is the brute-force optimum."""
   rng = np.random.default_rng(3)
-  for _ in range(30):
-    pool, tags = random_pool(rng, int(rng.integers(2, 7)))
-    phi = profiles_of(pool, tags)
-    best = min(range(len(pool)), key=lambda g: np.sum((phi[g] - phi.mean(0)) ** 2))
-    selector = make_selector("rised", objective="composition", lam=0.0)
-    assert selector.select(pool, 1, 0, tags) == [best]
+  for trial in range(12):
+    pool, tags = (beta_pool if trial % 2 else dirichlet_pool)(rng, int(rng.integers(2, 16)))
+    phi = behaviour_of(tags)
+    units = np.stack([unit(p) for p in phi])
+
+    def cost(subset):
+      return (np.sum((phi[subset].mean(0) - phi.mean(0)) ** 2) + direction_weight ** 2 * np.sum(
+          (units[subset].mean(0) - direction_target * units.mean(0)) ** 2))
+
+    expected = []
+    for _ in range(min(5, len(pool))):
+      costs = {g: cost(expected + [g]) for g in range(len(pool)) if g not in expected}
+      expected.append(min(costs, key=costs.get))
+    selector = make_selector("rised", direction_weight=direction_weight,
+                             direction_target=direction_target)
+    assert selector.select(pool, 5, 0, tags) == expected
+    assert expected[0] == min(range(len(pool)), key=lambda g: cost([g]))
+
+
+ALIGNMENT_SIZES = [(32, 8), (128, 32), (128, 64)]
+
+
+@pytest.mark.parametrize("generator", [beta_pool, dirichlet_pool, prototype_pool],
+                         ids=["beta", "dirichlet", "prototype_held_out"])
+@pytest.mark.parametrize("num_groups,batch_size", ALIGNMENT_SIZES)
+def test_default_selection_halves_a_random_subsets_distance_to_the_pool(generator, num_groups,
+                                                                       batch_size):
+  """Issue 21: the default objective's chosen mean tag profile is at most half as far (squared
+  distance) from the pool's as a uniform random B-subset's is in expectation (exact, not
+  sampled), and its batch is no more redundant (mean pairwise cosine) than a random one."""
+  rng = np.random.default_rng([21, num_groups, batch_size])
+  selector = make_selector("rised", seed=4)
+  gaps, random_gaps, cosine_excess = [], [], []
+  for step in range(12):
+    pool, tags = generator(rng, num_groups)
+    judged = [k for k, t in enumerate(tags) if t.judged.any()]   # the profiled pool
+    if len(judged) < len(pool):   # an unjudged group is chosen last; keep it out of the measure
+      pool, tags = [pool[k] for k in judged], [tags[k] for k in judged]
+    phi = tag_profiles(tags)
+    chosen = selector.select(pool, batch_size, step, tags)
+    gaps.append(mean_gap(phi, chosen))
+    random_gaps.append(random_mean_gap(phi, batch_size))
+    behaviour = behaviour_of(tags)
+    cosine_excess.append(mean_pairwise_cosine(behaviour, chosen)
+                         - random_pairwise_cosine(behaviour))
+  assert np.mean(gaps) <= 0.5 * np.mean(random_gaps)
+  assert np.mean(cosine_excess) <= 0
+
+
+def test_random_subset_expectations_are_exact():
+  """The oracles above against the mean over every B-subset of a small pool."""
+  rng = np.random.default_rng(4)
+  x = rng.random((7, 5))
+  x[3] = 0
+  for batch_size in (1, 2, 3, 6, 7):
+    subsets = list(itertools.combinations(range(7), batch_size))
+    assert random_mean_gap(x, batch_size) == pytest.approx(
+        np.mean([mean_gap(x, s) for s in subsets]), rel=1e-12, abs=1e-15)
+    if batch_size > 1:
+      assert random_pairwise_cosine(x) == pytest.approx(
+          np.mean([mean_pairwise_cosine(x, s) for s in subsets]), rel=1e-12)
 
 
 @pytest.mark.parametrize("objective", ["mmr", "composition"])
 @pytest.mark.parametrize("num_groups,batch_size", [(32, 8), (64, 16)])
 def test_selected_mean_profile_is_closer_to_the_pool_mean_than_random(objective, num_groups,
                                                                       batch_size):
+  """Both objectives beat random at B = K/4 up to K = 64 (MMR does not at K = 128:
+  benchmarks/selector_alignment.py)."""
   rng = np.random.default_rng(5)
   selector = make_selector("rised", objective=objective)
   ours, theirs = [], []
   for step in range(60):
-    pool, tags = random_pool(rng, num_groups)
-    phi = profiles_of(pool, tags)
+    pool, tags = beta_pool(rng, num_groups)
+    phi = tag_profiles(tags)
     ours.append(mean_gap(phi, selector.select(pool, batch_size, step, tags)))
-    theirs.append(np.mean([mean_gap(phi, rng.permutation(num_groups)[:batch_size])
-                           for _ in range(20)]))
+    theirs.append(random_mean_gap(phi, batch_size))
   assert np.mean(ours) < 0.8 * np.mean(theirs)
 
 
 def test_composition_is_never_worse_than_random_on_average():
   rng = np.random.default_rng(6)
-  selector = make_selector("rised", objective="composition")
+  selector = make_selector("rised")
   for batch_size in (1, 4, 16, 24):   # pool 32; at B = K - 1 greedy is only at parity
     ours, theirs = [], []
     for step in range(20):
-      pool, tags = random_pool(rng, 32)
-      phi = profiles_of(pool, tags)
+      pool, tags = beta_pool(rng, 32)
+      phi = tag_profiles(tags)
       ours.append(mean_gap(phi, selector.select(pool, batch_size, step, tags)))
-      theirs.append(np.mean([mean_gap(phi, rng.permutation(32)[:batch_size])
-                             for _ in range(20)]))
+      theirs.append(random_mean_gap(phi, batch_size))
     assert np.mean(ours) <= np.mean(theirs)
 
 
@@ -154,7 +175,7 @@ def test_profiles_with_success_rate_and_unjudged_rollouts():
                              np.concatenate([tags[:2].mean(0), [2 / 3]]), rtol=1e-6)
   # A fully unjudged group has a zero profile: no NaN, and it stays eligible.
   unjudged = make_group("a", 1, None, [0, 1])
-  others, other_tags = random_pool(np.random.default_rng(7), 5)
+  others, other_tags = beta_pool(np.random.default_rng(7), 5)
   pool, pool_tags = [unjudged[0]] + others, [unjudged[1]] + other_tags
   np.testing.assert_array_equal(group_profile(*unjudged), np.zeros(NUM_TAGS))
   for options in ({}, {"with_success": True}, {"objective": "composition"}):
@@ -196,7 +217,7 @@ def test_every_selector_returns_distinct_valid_indices(name):
   rng = np.random.default_rng(8)
   selector = make_selector(name, seed=3)
   for step, (size, batch) in enumerate([(20, 8), (8, 8), (5, 8), (1, 3), (0, 4), (12, 0)]):
-    pool, tags = random_pool(rng, size)
+    pool, tags = beta_pool(rng, size)
     chosen = selector.select(pool, batch, step, tags)
     assert len(set(chosen)) == len(chosen) == min(size, batch)
     assert all(isinstance(i, int) and 0 <= i < size for i in chosen)
@@ -204,7 +225,7 @@ def test_every_selector_returns_distinct_valid_indices(name):
 
 @pytest.mark.parametrize("name", sorted(SELECTORS))
 def test_every_selector_is_deterministic_given_seed_and_step(name):
-  pools = [random_pool(np.random.default_rng(9), 24) for _ in range(2)]
+  pools = [beta_pool(np.random.default_rng(9), 24) for _ in range(2)]
   a, b = make_selector(name, seed=11), make_selector(name, seed=11)
   for step in range(3):
     assert choose(a, pools[0], 8, step) == choose(b, pools[1], 8, step)
@@ -228,9 +249,13 @@ def test_registry_errors():
   with pytest.raises(ValueError, match=r"selector 'rised' has no option\(s\) \['lambda'\]; "
                      r"accepted options: \['objective', 'lam',"):
     make_selector("rised", **{"lambda": 1.0})
-  with pytest.raises(ValueError, match=r"objective='max'; expected one of \['mmr', "
-                     r"'composition'\]"):
+  with pytest.raises(ValueError, match=r"objective='max'; expected one of \['composition', "
+                     r"'mmr'\]"):
     make_selector("rised", objective="max")
+  with pytest.raises(ValueError, match=r"direction_weight=-1.0; expected values >= 0"):
+    make_selector("rised", direction_weight=-1.0)
+  with pytest.raises(ValueError, match=r"direction_target=1.5; expected \[0, 1\]"):
+    make_selector("rised", direction_target=1.5)
   with pytest.raises(ValueError, match=r"history='steps'"):
     make_selector("rised", history="steps")
   with pytest.raises(ValueError, match=r"shortfall='refill'"):
@@ -242,7 +267,7 @@ def test_registry_errors():
 # --- memory of earlier steps and exact resume -------------------------------------------------
 
 def test_task_history_avoids_recently_chosen_tasks_and_forgets_them():
-  pool, tags = random_pool(np.random.default_rng(10), 16)
+  pool, tags = beta_pool(np.random.default_rng(10), 16)
   selector = make_selector("rised", history="task", history_weight=100.0, history_decay=0.5,
                            history_window=2)
   first = selector.select(pool, 8, step=0, tags=tags)
@@ -253,6 +278,34 @@ def test_task_history_avoids_recently_chosen_tasks_and_forgets_them():
   # Step 3: step-0 choices are out of the window (age 3 > 2), step-1 choices are not.
   third = selector.select(pool, 8, step=3, tags=tags)
   assert set(third) == set(first)
+
+
+@pytest.mark.parametrize("history", ["task", "profile"])
+def test_history_window_boundary_age(history):
+  """A choice weighs on the steps 1 … window after it, and memory keeps it exactly as long:
+  at age == window it still penalises, also when that step is selected again or resumed from
+  the state saved before it (the old memory had already dropped it after the first call)."""
+  pool, tags = beta_pool(np.random.default_rng(10), 16)
+  options = dict(history=history, history_weight=100.0, history_decay=0.5, history_window=2)
+  selector = make_selector("rised", **options)
+  first = selector.select(pool, 8, step=0, tags=tags)
+  saved = json.loads(json.dumps(selector.state_dict()))
+  at_window = selector.select(pool, 8, step=2, tags=tags)
+  assert selector.select(pool, 8, step=2, tags=tags) == at_window
+  resumed = make_selector("rised", **options)
+  resumed.load_state_dict(saved)
+  assert resumed.select(pool, 8, step=2, tags=tags) == at_window
+  plain = make_selector("rised").select(pool, 8, step=2, tags=tags)
+  assert at_window != plain   # the age-2 memory changed the choice
+  if history == "task":
+    assert not set(first) & set(at_window)
+    # Step 3: the step-0 choices are 3 > 2 steps old, forgotten; the step-2 ones are not.
+    assert set(selector.select(pool, 8, step=3, tags=tags)) == set(first)
+    assert set(selector.state_dict()["task_steps"].values()) == {2, 3}
+  else:
+    assert {t for t, _ in selector.state_dict()["profiles"]} == {0, 2}
+    selector.select(pool, 8, step=3, tags=tags)
+    assert {t for t, _ in selector.state_dict()["profiles"]} == {2, 3}
 
 
 def test_profile_history_penalises_similar_profiles():
@@ -274,7 +327,7 @@ def test_profile_history_penalises_similar_profiles():
     ("variance", {"mode": "proportional"}), ("uniform", {})])
 def test_state_round_trip_gives_identical_next_selections(name, options):
   rng = np.random.default_rng(12)
-  pools = [random_pool(rng, 24) for _ in range(6)]
+  pools = [beta_pool(rng, 24) for _ in range(6)]
   original = make_selector(name, seed=5, **options)
   for step in range(3):
     choose(original, pools[step], 8, step)
@@ -290,7 +343,7 @@ def test_state_round_trip_gives_identical_next_selections(name, options):
 # --- baselines --------------------------------------------------------------------------------
 
 def test_uniform_takes_the_pool_in_order():
-  pool, tags = random_pool(np.random.default_rng(13), 10)
+  pool, tags = beta_pool(np.random.default_rng(13), 10)
   assert make_selector("uniform").select(pool, 4, 7, tags) == [0, 1, 2, 3]
 
 
@@ -398,6 +451,42 @@ def test_an_unjudged_group_is_never_chosen_ahead_of_a_judged_one(options):
   assert default[:2] == ["A", "B"]
 
 
+def with_tagless(pool, tags, letters, count):
+  """The archetype pool plus `count` judged groups whose judge answered `[]` for every rollout
+  (letter "T")."""
+  for k in range(count):
+    group, group_tags = make_group("x", 100 + k, np.zeros((4, NUM_TAGS)), [0, 1, 0, 0])
+    pool, tags, letters = pool + [group], tags + [group_tags], letters + ["T"]
+  return pool, tags, letters
+
+
+@pytest.mark.parametrize("options", [{}, {"with_success": True}, {"direction_weight": 0.0}])
+def test_a_tagless_judged_group_is_not_among_the_first_picks(options):
+  """Old behaviour: its zero profile scored 0 under MMR and it was the 3rd pick at B = 4, 8,
+  12. Now "no behaviour observed" is a behaviour (1/16 of the profiled pool), matched at its
+  share: never in the first quarter of the picks, after every archetype of larger share."""
+  pool, tags, letters = with_tagless(*archetype_pool(), count=1)
+  for seed in range(10):
+    selector = make_selector("rised", seed=seed, **options)
+    for step, batch_size in enumerate((4, 8, 12, 16)):
+      picked = [letters[i] for i in selector.select(pool, batch_size, step, tags)]
+      assert "T" not in picked[:4], (seed, batch_size, picked)
+      assert "U" not in picked   # 17 judged groups: the unjudged one is not needed
+      if "T" in picked:
+        assert picked.index("T") > max(picked.index(x) for x in "ABC"), picked
+
+
+def test_tagless_groups_are_redundant_with_each_other_under_mmr():
+  """Under MMR a tagless group is an outlier like any rare behaviour (MMR's λ = 2 seeks
+  those), but no longer one that is never penalised: a second tagless group has cosine 1 with
+  the first and waits until the other behaviours are taken."""
+  pool, tags, letters = with_tagless(*archetype_pool(), count=2)
+  for seed in range(10):
+    picked = [letters[i] for i in make_selector("rised", objective="mmr", seed=seed).select(
+        pool, 6, 0, tags)]
+    assert picked.count("T") == 1 and set(picked) == set("ABCDT"), picked
+
+
 def test_task_history_fires_on_a_repeated_instance_under_another_seed():
   """Two seeds that generate the same one-move map are the same instance: chosen at step 0,
   the instance is penalised at step 1 even though its seed is new."""
@@ -428,7 +517,7 @@ def test_task_history_fires_on_a_repeated_instance_under_another_seed():
                                        ("smollm2_cpu.py", "rised"),
                                        ("rised_qwen3_multienv.py", "rised,4b"),
                                        ("rised_qwen3_multienv.py", "rised,1.7b,local")])
-def test_rised_configs_roll_out_four_candidates_per_trained_group(name, arg):
+def test_rised_configs_pool_four_per_trained_group_and_match_composition(name, arg):
   import warnings
   from pathlib import Path
   from rised_jax import pipelines
@@ -436,9 +525,25 @@ def test_rised_configs_roll_out_four_candidates_per_trained_group(name, arg):
   config = load_config_file(Path(__file__).resolve().parents[2] / "experiments" / "configs"
                             / name, arg)
   assert config.select.pool_groups >= 4 * config.select.batch_groups
+  selector = make_selector(config.select.name, **config.select.options.to_dict())
+  assert (selector.objective, selector.direction_weight) == ("composition", 2.0)
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     pipelines.validate(config)
   config.select.pool_groups = config.select.batch_groups
   with pytest.warns(UserWarning, match="pool_groups == batch_groups .* selection does nothing"):
     pipelines.validate(config)
+
+
+def test_alignment_benchmark_writes_its_table(tmp_path):
+  """benchmarks/selector_alignment.py at its smallest: its JSON holds the default's ratios,
+  which clear the issue-21 bar at (128, 32), and the old default's MMR, which does not."""
+  from benchmarks import selector_alignment
+  out = tmp_path / "alignment.json"
+  selector_alignment.main(["--pools", "3", "--generators", "beta", "--out", str(out)])
+  result = json.loads(out.read_text())
+  row = result["results"]["beta"]["128,32"]
+  assert row["default"]["gap_ratio"] <= 0.5 < row["mmr_lam2"]["gap_ratio"]
+  assert row["random"]["gap"] > row["default"]["gap"]
+  sweep = result["pool_size_sweep"]["beta"]["B=8"]
+  assert sweep["K=1B"]["default"] == pytest.approx(sweep["K=1B"]["random"])   # K = B: the pool

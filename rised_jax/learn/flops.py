@@ -1,0 +1,178 @@
+"""Model FLOPs of the decoder and the train step, the device's peak rate, and MFU.
+
+Shared by every run (`throughput/*` in metrics.jsonl, `Throughput`) and the benchmarks
+(`benchmarks/common.py` re-exports these). FLOPs are counted analytically from the
+architecture: matmuls only, the usual convention for MFU (PaLM, appendix B); recomputation
+(remat, the chunked loss's rematerialised logits) is not model work and is not counted.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rised_jax.model import ModelConfig
+
+# Published dense bf16 matmul peaks per chip, FLOP/s, by `jax.Device.device_kind`; MFU is
+# model FLOPs / step seconds / (this × devices). A kind not listed (CPUs) is measured once
+# with `measure_matmul_rate` at its compute dtype, unless train.peak_flops_per_s is given.
+PEAK_FLOPS_PER_DEVICE = {
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v5": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100 80GB PCIe": 312e12,
+    "NVIDIA H100 80GB HBM3": 989e12,
+    "NVIDIA H100": 989e12,
+    "NVIDIA H200": 989e12,
+    "NVIDIA GH200 480GB": 989e12,
+}
+
+
+def nonembedding_params(cfg: ModelConfig) -> int:
+  """Weights of the matmuls inside the layers (q, k, v, o and the gated MLP), no norms."""
+  d, hd = cfg.hidden_size, cfg.head_dim
+  attention = d * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+  mlp = 3 * d * cfg.intermediate_size
+  return cfg.num_layers * (attention + mlp)
+
+
+def decoder_forward_flops(cfg: ModelConfig, rows: int, seq_len: int,
+                          logit_positions: int) -> dict[str, float]:
+  """Matmul FLOPs of one forward pass over `rows` × `seq_len` tokens.
+
+  linear     2 · N_nonembed · rows · seq_len
+  attention  2 · 2 · rows · seq_len² · heads · head_dim per layer (QKᵀ and PV over the full
+             T × T score matrix, as the decoder computes it: no causal skipping)
+  unembed    2 · hidden · vocab · rows · logit_positions (logit_positions per row)
+  The embedding lookup is a gather (no FLOPs); norms and softmaxes are not counted.
+  """
+  tokens = rows * seq_len
+  return {
+      "linear": 2.0 * nonembedding_params(cfg) * tokens,
+      "attention": 4.0 * cfg.num_layers * rows * seq_len**2 * cfg.num_heads * cfg.head_dim,
+      "unembed": 2.0 * cfg.hidden_size * cfg.vocab_size * rows * logit_positions,
+  }
+
+
+def train_step_flops(cfg: ModelConfig, rows: int, seq_len: int,
+                     teacher_forwards: int = 0) -> dict[str, float]:
+  """Model FLOPs of one train step: forward + backward (3 × forward) of the student, plus
+  `teacher_forwards` stop-gradient forwards of the same shape (the fused step's teacher).
+
+  Logits are needed at the T − 1 predicting columns of every row. Recomputation (the
+  chunked loss rematerialises its logits in the backward pass) is not model work and is not
+  counted, as usual for MFU.
+  """
+  forward = decoder_forward_flops(cfg, rows, seq_len, seq_len - 1)
+  factor = 3.0 + teacher_forwards
+  parts = {name: factor * value for name, value in forward.items()}
+  parts["total"] = sum(parts.values())
+  return parts
+
+
+def measure_matmul_rate(size: int, min_seconds: float = 1.0, min_calls: int = 3,
+                        dtype: Any = jnp.float32) -> dict[str, float]:
+  """FLOP/s of a jitted [size, size] @ [size, size] in `dtype` (float32 unless told;
+  2·size³ FLOPs per call).
+
+  Calls are repeated until `min_seconds` have passed (at least `min_calls`); the rate uses
+  the median call, the same statistic as the step times it is compared with. Also per
+  CPU-second (all threads), for an MFU that other jobs on a shared machine disturb less.
+  """
+  if size < 1:
+    raise ValueError(f"matmul size must be >= 1, got {size}")
+  rng = np.random.default_rng(0)
+  a = jnp.asarray(rng.standard_normal((size, size)), dtype)
+  b = jnp.asarray(rng.standard_normal((size, size)), dtype)
+  matmul = jax.jit(jnp.dot)
+  matmul(a, b).block_until_ready()
+  times, cpu_times = [], []
+  while len(times) < min_calls or sum(times) < min_seconds:
+    start, cpu_start = time.perf_counter(), time.process_time()
+    matmul(a, b).block_until_ready()
+    times.append(time.perf_counter() - start)
+    cpu_times.append(time.process_time() - cpu_start)
+  median, cpu_median = float(np.median(times)), float(np.median(cpu_times))
+  return {"size": size, "calls": len(times), "median_s": median, "cpu_median_s": cpu_median,
+          "flops_per_s": 2.0 * size**3 / median, "flops_per_cpu_s": 2.0 * size**3 / cpu_median}
+
+
+def batch_forwards(batch: Mapping[str, Any], ref_kl: bool) -> int:
+  """Stop-gradient forwards the step runs besides the student's forward + backward: one per
+  teacher row set the batch carries (`teacher_input_ids`, `cf_teacher_input_ids`) and one of
+  the frozen reference policy when the reference KL is on."""
+  return (int("teacher_input_ids" in batch) + int("cf_teacher_input_ids" in batch)
+          + int(ref_kl))
+
+
+def peak_flops_per_s_of(device_kind: str, num_devices: int) -> float | None:
+  """The published peak of `num_devices` chips of `device_kind`, or None if not listed."""
+  per_device = PEAK_FLOPS_PER_DEVICE.get(device_kind)
+  return None if per_device is None else per_device * num_devices
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+  """Per-step tokens/s and MFU of a run's train step (`throughput/*` and `time/*`).
+
+  `peak_flops_per_s` is the denominator of the MFU, for all devices together; `peak_source`
+  says where it came from ("published …" for a listed device kind, "measured …" for the
+  matmul probe, "config" for train.peak_flops_per_s).
+  """
+
+  model: ModelConfig
+  peak_flops_per_s: float
+  peak_source: str
+  ref_kl: bool = False
+
+  @classmethod
+  def for_devices(cls, model: ModelConfig, compute_dtype: str, *, ref_kl: bool,
+                  peak_flops_per_s: float = 0.0) -> "Throughput":
+    """The run's throughput meter: a configured peak, else the published one of these
+    devices, else their measured matmul rate at the compute dtype (about a second)."""
+    devices = jax.devices()
+    if peak_flops_per_s > 0:
+      return cls(model, float(peak_flops_per_s), "config", ref_kl)
+    kind = devices[0].device_kind
+    published = peak_flops_per_s_of(kind, len(devices))
+    if published is not None:
+      return cls(model, published, f"published bf16 peak of {len(devices)} × {kind}", ref_kl)
+    rate = measure_matmul_rate(1024, min_seconds=0.5, dtype=jnp.dtype(compute_dtype))
+    return cls(model, rate["flops_per_s"] * len(devices),
+               f"measured {compute_dtype} 1024² matmul rate of {len(devices)} × {kind}", ref_kl)
+
+  def step_metrics(self, batch: Mapping[str, Any], seconds: float) -> dict[str, float]:
+    """What one executed step did in `seconds` (compile time excluded by the caller). The
+    counts are the same in every run of a config; the rates, which depend on the machine,
+    are under time/ (the wall-clock prefix an exact resume leaves out):
+
+    throughput/tokens          attended (non-padding) tokens of the student rows
+    throughput/trained_tokens  response tokens with loss (the policy-gradient tokens)
+    throughput/model_tflops    model FLOPs of the step over its padded batch (`train_step_flops`
+                               with `batch_forwards` extra forwards), in TFLOP
+    time/throughput/step_compute_s   `seconds`
+    time/throughput/tokens_per_s, time/throughput/trained_tokens_per_s   the counts per second
+    time/throughput/mfu        model FLOPs / seconds / peak_flops_per_s
+    """
+    rows, seq_len = np.shape(batch["input_ids"])
+    flops = train_step_flops(self.model, rows, seq_len,
+                             teacher_forwards=batch_forwards(batch, self.ref_kl))["total"]
+    tokens = float(np.sum(batch["attention_mask"]))
+    trained = float(np.sum(np.asarray(batch["loss_mask"]) > 0))
+    seconds = max(seconds, 1e-9)
+    return {"throughput/tokens": tokens, "throughput/trained_tokens": trained,
+            "throughput/model_tflops": flops / 1e12,
+            "time/throughput/step_compute_s": seconds,
+            "time/throughput/tokens_per_s": tokens / seconds,
+            "time/throughput/trained_tokens_per_s": trained / seconds,
+            "time/throughput/mfu": flops / seconds / self.peak_flops_per_s}

@@ -1,0 +1,68 @@
+"""The run's throughput meter (`learn.flops.Throughput`): FLOPs worked by hand for a small
+decoder, the extra forwards a batch implies, and where the MFU's peak comes from."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rised_jax.learn import flops
+from rised_jax.model import ModelConfig
+
+# 2 layers, d 16, 4 heads of 4 (2 kv heads), MLP 32, vocab 50.
+CFG = ModelConfig.from_hf({
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 50,
+    "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4, "rms_norm_eps": 1e-6,
+    "rope_theta": 10_000.0, "tie_word_embeddings": True, "max_position_embeddings": 64,
+}, source="test")
+
+
+def _batch(rows=3, seq=6, teacher=False, cf=False):
+  batch = {"input_ids": np.zeros((rows, seq), np.int32),
+           "attention_mask": np.zeros((rows, seq), np.int32),
+           "loss_mask": np.zeros((rows, seq), np.float32)}
+  batch["attention_mask"][0, 1:] = 1      # 5 tokens
+  batch["attention_mask"][1, 3:] = 1      # 3 tokens; row 2 is padding
+  batch["loss_mask"][0, 4:] = 1.0         # 2 trained tokens
+  batch["loss_mask"][1, 5] = 0.5          # 1 (a weight, still a trained token)
+  if teacher:
+    batch["teacher_input_ids"] = batch["input_ids"].copy()
+  if cf:
+    batch["cf_teacher_input_ids"] = batch["input_ids"].copy()
+  return batch
+
+
+def test_step_metrics_hand_worked():
+  # N_nonembed = 2 · (16·4·(2·4 + 2·2) + 3·16·32) = 2 · (768 + 1536) = 4608.
+  assert flops.nonembedding_params(CFG) == 4608
+  rows, seq = 3, 6
+  linear = 2 * 4608 * rows * seq                  # 165 888
+  attention = 4 * 2 * rows * seq**2 * 4 * 4       # 13 824
+  unembed = 2 * 16 * 50 * rows * (seq - 1)        # 24 000
+  forward = linear + attention + unembed          # 203 712
+  meter = flops.Throughput(CFG, peak_flops_per_s=1e6, peak_source="test")
+  got = meter.step_metrics(_batch(), seconds=0.5)
+  assert got["throughput/model_tflops"] == pytest.approx(3 * forward / 1e12, rel=1e-12)
+  assert got["throughput/tokens"] == 8 and got["throughput/trained_tokens"] == 3
+  assert got["time/throughput/tokens_per_s"] == 16 and got["time/throughput/trained_tokens_per_s"] == 6
+  assert got["time/throughput/mfu"] == pytest.approx(3 * forward / 0.5 / 1e6, rel=1e-12)
+  # A teacher, a counterfactual teacher and the reference policy: one forward each.
+  with_all = flops.Throughput(CFG, 1e6, "test", ref_kl=True).step_metrics(
+      _batch(teacher=True, cf=True), seconds=0.5)
+  assert with_all["throughput/model_tflops"] == pytest.approx(6 * forward / 1e12, rel=1e-12)
+
+
+def test_batch_forwards():
+  assert flops.batch_forwards(_batch(), ref_kl=False) == 0
+  assert flops.batch_forwards(_batch(teacher=True), ref_kl=False) == 1
+  assert flops.batch_forwards(_batch(teacher=True, cf=True), ref_kl=True) == 3
+
+
+def test_peak_source():
+  assert flops.peak_flops_per_s_of("TPU v5p", 8) == 8 * 459e12
+  assert flops.peak_flops_per_s_of("some CPU", 1) is None
+  configured = flops.Throughput.for_devices(CFG, "float32", ref_kl=False, peak_flops_per_s=3e9)
+  assert (configured.peak_flops_per_s, configured.peak_source) == (3e9, "config")
+  measured = flops.Throughput.for_devices(CFG, "float32", ref_kl=False)   # CPU: not listed
+  assert measured.peak_source.startswith("measured float32")
+  assert 1e7 < measured.peak_flops_per_s < 1e14
