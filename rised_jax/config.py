@@ -16,7 +16,7 @@ Algorithms are configs composing stages, not branches in the trainer:
   rised_no_teacher   rised              off      on
   rised_no_guidance  rised              on       off
   grpo               uniform            off      off
-  dapo               dapo filter        off      off       token-mean, ε_high 0.28
+  dapo               dapo filter        off      off       token-mean, ε_high 0.28, μ = 4
   variance           reward-variance    off      off
   env_curriculum     env-curriculum     off      off
 
@@ -141,7 +141,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.guidance.train_with_hint = False       # §2.6: False trains on the hint-free prompt + IW
   c.guidance.options = ml_collections.ConfigDict(dict(rate=0.1, threshold=0.3, top_m=2))
 
-  c.step = ml_collections.ConfigDict(dataclasses.asdict(train_step.StepConfig(beta=0.05)))
+  c.step = ml_collections.ConfigDict({
+      k: v for k, v in dataclasses.asdict(train_step.StepConfig(beta=0.05)).items()
+      if k not in STEP_KEYS_IN_TRAIN})
   c.optim = ml_collections.ConfigDict(dataclasses.asdict(train_step.OptimizerConfig()))
   c.batching = ml_collections.ConfigDict(dict(prefix_multiple=64, response_multiple=128))
 
@@ -153,6 +155,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 1
   c.train.keep_checkpoints = 2
   c.train.log_every = 1
+  c.train.num_iterations = 1               # PPO passes over each rollout batch (GRPO's μ)
+  c.train.mini_batches = 1                 # successive updates per pass, each on 1/M of the rows
   c.train.max_nonfinite_steps = 3          # consecutive skipped (non-finite) steps end the run
   c.train.wandb = False                    # also log the scalars to W&B (offline; wandb_log.py)
   # The MFU's denominator, FLOP/s of all devices; 0: the published peak of a listed device
@@ -203,7 +207,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                           "guidance.enabled": False},
     "grpo": {"select.name": "uniform", "teacher.enabled": False, "guidance.enabled": False},
     "dapo": {"select.name": "dapo", "teacher.enabled": False, "guidance.enabled": False,
-             "step.aggregation": "token-mean", "step.eps_high": 0.28},
+             "step.aggregation": "token-mean", "step.eps_high": 0.28,
+             "train.num_iterations": 4},
     "variance": {"select.name": "variance", "teacher.enabled": False, "guidance.enabled": False},
     "env_curriculum": {"select.name": "env_curriculum", "teacher.enabled": False,
                        "guidance.enabled": False},
@@ -334,8 +339,18 @@ def describe(config: ml_collections.ConfigDict) -> str:
   return "\n".join(lines)
 
 
+# StepConfig fields set under config.train: how many updates a rollout batch gets is a training
+# schedule choice, not a loss setting.
+STEP_KEYS_IN_TRAIN = ("num_iterations", "mini_batches")
+
+
 def step_config(config: ml_collections.ConfigDict) -> train_step.StepConfig:
-  return _typed(train_step.StepConfig, config.step, "config.step")
+  cfg = _typed(train_step.StepConfig, config.step, "config.step")
+  schedule = {k: config.train[k] for k in STEP_KEYS_IN_TRAIN}
+  try:
+    return dataclasses.replace(cfg, **schedule)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"config.train ({schedule}): {e}") from e
 
 
 def optimizer_config(config: ml_collections.ConfigDict) -> train_step.OptimizerConfig:

@@ -161,6 +161,10 @@ DESCRIPTIONS: dict[str, str | tuple[str, str]] = {
 
     # train
     "train.steps": "training steps",
+    "train.num_iterations": ("PPO passes over each rollout batch (GRPO's μ), all against log π_old "
+                             "fixed before the first update; 1: the on-policy step (ratio 1)"),
+    "train.mini_batches": ("successive updates per pass, each on a strided 1/M of the rows "
+                           "(its own mean); μ · M optimizer updates per step"),
     "train.eval_every": "held-out evaluation every N steps (0: only before and after training)",
     "train.checkpoint_every": "checkpoint every N steps",
     "train.keep_checkpoints": "checkpoints kept on disk",

@@ -21,7 +21,10 @@ judge, step t + 1's roll-out starts in a background thread with the weights of s
 step t's advantages, selection, teachers and update run; the weight sync waits for it. The
 sampler then holds its own copy of the weights (the update donates the state's). Its rollouts
 are one step stale: their behaviour log-probs (those of the policy that sampled them) feed the
-truncated importance weight of the step that trains on them, and the guidance hint they
+truncated importance weight w = min(π_old/π_beh, C) of the step that trains on them, where
+π_old is the trainer's policy at the start of that step; the PPO ratio of its
+`train.num_iterations` updates is π_θ/π_old, never against the sampler's log-probs (the
+step's `clip_frac_*` and `is_truncated_frac` measure the two apart), and the guidance hint they
 carry is the one from before step t's observation. No roll-out is in flight across a
 checkpoint (`may_prefetch`), so a resumed run repeats the uninterrupted one exactly. Logged:
 rollout/policy_lag (1 for a background roll-out), time/rollout (its own duration) and
@@ -293,9 +296,10 @@ def _build(config: ml_collections.ConfigDict, workdir: epath.Path) -> Run:
   """`build` of a config that `_prepare` has validated."""
   model, tokenizer = _load_model(config)
   mesh = parallel.make_mesh(parallel.MeshShape(**config.mesh.to_dict()))
-  optimizer = train_step.make_optimizer(config_lib.optimizer_config(config))
-  trainable, state = train_step.create(model, optimizer, config_lib.step_config(config), mesh,
-                                       seed=config.seed)
+  step_config = config_lib.step_config(config)
+  optimizer = train_step.make_optimizer(config_lib.optimizer_config(config),
+                                        updates_per_step=step_config.updates_per_step)
+  trainable, state = train_step.create(model, optimizer, step_config, mesh, seed=config.seed)
   # With async roll-outs the sampler's weights must be its own from the start: step 0 donates
   # the state's while step 1 rolls out.
   engine = _engine(config, trainable.compute_model(state, copy=config.rollout.async_rollouts),

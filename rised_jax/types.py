@@ -15,12 +15,16 @@ Batch contract (what `rised_jax.learn.train_step` consumes), shapes [B, T] unles
                               and padding are 0). Logits at column t − 1 predict column t.
   advantages           f32    per-token advantage A_t (broadcast of the group advantage,
                               possibly edited per token, e.g. by CriPO).
-  old_logprobs         f32    log π_old(y_t) at the masked columns (the policy that the
-                              ratio is taken against; equal to the current policy's values
-                              on the first and only iteration).
+  old_logprobs         f32    (optional) log π_old(y_t) at the masked columns: the policy
+                              the PPO ratio is taken against. The trainer never sends it:
+                              with num_iterations = 1 the step uses its own forward (ratio 1),
+                              with more the step computes it once per batch before the first
+                              update (`train_step.old_policy_pass`); a batch that carries it
+                              keeps it.
   behaviour_logprobs   f32    log π_behaviour(y_t): the policy that actually sampled y_t
-                              (other context, other precision). Used for the truncated
-                              importance weight; equal to old_logprobs when not needed.
+                              (other context, other precision, an older policy under async
+                              rollouts). Only the truncated importance weight π_old/π_beh
+                              uses it, never the PPO ratio.
   teacher_input_ids    int32  teacher rows: teacher prefix ⊕ the same response, response
                               columns aligned with input_ids.
   teacher_attention_mask int32

@@ -48,11 +48,11 @@ def test_every_leaf_of_the_defaults_is_on_the_page_or_inside_a_described_dict():
 
 def test_a_new_key_without_a_description_is_caught():
   config = config_lib.default_config()
-  config.train.num_iterations = 1
+  config.train.new_knob = 1
   config.rollout.sglang.new_cap = ml_collections.ConfigDict(dict(a=1))
   assert config_reference.undescribed_keys(config) == ["rollout.sglang.new_cap.a",
-                                                      "train.num_iterations"]
-  with pytest.raises(ValueError, match="train.num_iterations"):
+                                                      "train.new_knob"]
+  with pytest.raises(ValueError, match="train.new_knob"):
     config_reference.render(config)
 
 

@@ -22,6 +22,10 @@ exact global mean (`micro_batches` only trades memory for time). The one denomin
 depends on the forward pass, CriPO's kept-token count, comes from a stop-gradient pre-pass
 when the batch is micro-batched (`kept_token_mask`).
 
+`StepConfig.num_iterations` (μ) and `mini_batches` (M) apply μ · M updates to one batch (μ
+passes, each over M shares of its rows), each on the loss above, all against log π_old fixed
+before the first by `old_policy_pass` (see `make_step_fn`).
+
 The batch contract is in rised_jax/types.py. Optional keys switch optional parts on, and the
 StepConfig flags say which keys the step expects, so a missing key is an error before compile.
 """
@@ -106,6 +110,11 @@ class StepConfig:
   # The update-size guard: a step whose update has ‖Δθ‖ > max_update_ratio · ‖θ‖ is skipped
   # (`update_is_acceptable`). Healthy runs measure far below 1 (docs/running.md#the-update-size-guard).
   max_update_ratio: float = 1.0
+  # PPO iterations: passes over each rollout batch (config.train.num_iterations, GRPO's μ),
+  # each in `mini_batches` successive updates on a share of the rows (config.train.mini_batches),
+  # all against the log-probs of the parameters before the first update (see `make_step_fn`)
+  num_iterations: int = 1
+  mini_batches: int = 1
   # execution
   chunk: int = 256
   micro_batches: int = 1
@@ -124,8 +133,10 @@ class StepConfig:
     if not self.max_update_ratio > 0:
       raise ValueError(f"max_update_ratio={self.max_update_ratio}: expected a number > 0 (the "
                        "largest accepted ‖Δθ‖ / ‖θ‖ of one update)")
-    if self.micro_batches < 1 or self.chunk < 1:
-      raise ValueError(f"micro_batches ({self.micro_batches}) and chunk ({self.chunk}) must be >= 1")
+    if min(self.micro_batches, self.chunk, self.num_iterations, self.mini_batches) < 1:
+      raise ValueError(f"micro_batches ({self.micro_batches}), chunk ({self.chunk}), "
+                       f"num_iterations ({self.num_iterations}) and mini_batches "
+                       f"({self.mini_batches}) must be >= 1")
     if self.localize and not self.distills:
       raise ValueError("localize=True needs a distillation weight beta > 0")
     if not self.clamp_loss and not (self.localize and self.clamp is not None):
@@ -141,9 +152,20 @@ class StepConfig:
     return self.beta > 0
 
   @property
+  def updates_per_step(self) -> int:
+    return self.num_iterations * self.mini_batches
+
+  @property
+  def fixed_per_batch(self) -> bool:
+    """Several updates per batch: old log-probs, CriPO's flips and kept set come from a
+    stop-gradient pre-pass at the parameters before the first update (`old_policy_pass`)."""
+    return self.updates_per_step > 1
+
+  @property
   def kept_pre_pass(self) -> bool:
-    """Whether the kept set and its count come from a pre-pass (see `kept_token_mask`)."""
-    return self.localize and self.distill_norm == "kept-tokens" and self.micro_batches > 1
+    """Whether the kept set and its count come from a pre-pass (see `old_policy_pass`)."""
+    return self.localize and (self.fixed_per_batch or (self.distill_norm == "kept-tokens"
+                                                       and self.micro_batches > 1))
 
   @property
   def needs_teacher_params(self) -> bool:
@@ -225,9 +247,20 @@ def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:
   return optax.join_schedules([warmup, after], [cfg.warmup_steps])
 
 
-def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-  """AdamW with optional global-norm clipping; the learning rate is an optax schedule."""
-  adamw = optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+def make_optimizer(cfg: OptimizerConfig,
+                   updates_per_step: int = 1) -> optax.GradientTransformation:
+  """AdamW with optional global-norm clipping; the learning rate is an optax schedule.
+
+  `updates_per_step` (the step's `updates_per_step`): the optimizer counts updates, while
+  warm-up and decay are in training steps, so every update of step s gets step s's rate.
+  """
+  if not isinstance(updates_per_step, int) or updates_per_step < 1:
+    raise ValueError(f"updates_per_step={updates_per_step!r}: expected an integer >= 1")
+  schedule = make_schedule(cfg)
+  if updates_per_step > 1:
+    per_update = schedule
+    schedule = lambda count: per_update(count // updates_per_step)  # noqa: E731
+  adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                       weight_decay=cfg.weight_decay)
   if cfg.max_grad_norm is None:
     return adamw
@@ -255,11 +288,13 @@ def _teacher_model(params, teacher_params, graphdef, rest) -> nnx.Module:
   return nnx.merge(graphdef, jax.lax.stop_gradient(frozen), rest)
 
 
-def _distill_token_stats(model, teacher_model, config: StepConfig, mb: Mapping[str, Array]):
-  """Chunked student / injection-teacher token statistics of one micro-batch."""
+def _distill_token_stats(model, teacher_model, config: StepConfig, mb: Mapping[str, Array], *,
+                         with_teacher: bool = True):
+  """Chunked student / injection-teacher token statistics of one micro-batch (the teacher's
+  only when `config.distills` and `with_teacher`)."""
   student_hidden = model.hidden_states(mb["input_ids"], mb["attention_mask"])
   teacher_hidden = None
-  if config.distills:
+  if config.distills and with_teacher:
     teacher_hidden = teacher_model.hidden_states(mb["teacher_input_ids"],
                                                  mb["teacher_attention_mask"])
   return chunked.token_stats_chunked(
@@ -277,30 +312,64 @@ def _localised(config: StepConfig, divergence: Array, distill_mask: Array) -> Ar
       edge_fraction=config.localize_edge_frac).astype(jnp.float32)
 
 
-def kept_token_mask(params, rest, teacher_params, graphdef, config: StepConfig,
-                    batch: Mapping[str, Array]) -> Array:
-  """The localisation's kept tokens of the whole batch, float 0/1 [B, T], under stop-gradient.
+def _counterfactual_flips(teacher_model, config: StepConfig, mb: Mapping[str, Array],
+                          student_logprob: Array, advantages: Array) -> tuple[Array, Array]:
+  """CriPO's SC branch: (edited advantages, float 0/1 flip mask), from a counterfactual-teacher
+  forward (stop-gradient) and the student's log-probs of the same tokens."""
+  cf_hidden = teacher_model.hidden_states(mb["cf_teacher_input_ids"],
+                                          mb["cf_teacher_attention_mask"])
+  cf_logprob, cf_log_max = chunked.teacher_token_stats_chunked(
+      cf_hidden, teacher_model.logits, mb["input_ids"], chunk=config.chunk)
+  edited, flipped = cripo.counterfactual_flips(
+      jax.lax.stop_gradient(student_logprob), cf_logprob, cf_log_max, advantages,
+      mb["cf_mask"] * mb["loss_mask"].astype(jnp.float32), alpha=config.flip_alpha,
+      tau_flip=config.flip_tau)
+  return edited, flipped.astype(jnp.float32)
 
-  The kept set depends on the current student's and teacher's distributions, so the paper's
-  normaliser (the number of kept tokens of the batch) is known only after a forward pass. Under
-  micro-batching this pre-pass runs the student and teacher forwards once, micro-batch by
-  micro-batch, without gradients, before the accumulation scan; the scan then uses this mask
-  and its global count. Cost: one extra student and teacher forward per step (measured in the
-  docs/cripo.md); paid only when `config.kept_pre_pass`.
+
+def old_policy_pass(params, rest, teacher_params, graphdef, config: StepConfig,
+                    batch: Mapping[str, Array]) -> dict[str, Array]:
+  """What the step fixes for the whole batch before its first update, [B, T] each, no gradient.
+
+  One stop-gradient forward of the student (and of the teachers it needs) at `params`, micro-
+  batch by micro-batch:
+  - `kept_mask` (when `config.kept_pre_pass`): the localisation's kept tokens, float 0/1. The
+    kept set depends on the student's and teacher's distributions, so the paper's normaliser
+    (the number of kept tokens of the batch) is known only after a forward pass; under
+    micro-batching the accumulation scan then uses this mask and its global count.
+  - with several updates per batch (`config.fixed_per_batch`): `old_logprobs` (log π_old of
+    the PPO ratio) and, with CriPO's SC branch, the flipped `advantages` and the `flipped`
+    mask, so the μ updates all see the same advantages (PPO's advantages are per batch).
+  Cost: one extra forward per step (docs/cripo.md measures the kept pre-pass);
+  none without micro-batched kept-token localisation or μ > 1.
   """
   frozen = jax.lax.stop_gradient(params)
 
   def one(mb):
     model = nnx.merge(graphdef, frozen, rest)
-    teacher = _teacher_model(frozen, teacher_params, graphdef, rest)
-    stats = _distill_token_stats(model, teacher, config, mb)
-    return _localised(config, stats.divergence, mb["distill_mask"].astype(jnp.float32))
+    teacher = None
+    if config.distills or config.counterfactual:
+      teacher = _teacher_model(frozen, teacher_params, graphdef, rest)
+    stats = _distill_token_stats(model, teacher, config, mb, with_teacher=config.kept_pre_pass)
+    out = {}
+    if config.kept_pre_pass:
+      out["kept_mask"] = _localised(config, stats.divergence,
+                                    mb["distill_mask"].astype(jnp.float32))
+    if config.fixed_per_batch:
+      out["old_logprobs"] = stats.logprob
+      if config.counterfactual:
+        out["advantages"], out["flipped"] = _counterfactual_flips(
+            teacher, config, mb, stats.logprob, mb["advantages"].astype(jnp.float32))
+    return out
 
-  keys = ("input_ids", "attention_mask", "teacher_input_ids", "teacher_attention_mask",
-          "distill_mask")
-  micro = _split_micro({k: batch[k] for k in keys}, config.micro_batches)
-  kept = jax.lax.map(one, micro)                               # [M, B/M, T]
-  return _merge_micro(kept)
+  micro = _split_micro({k: v for k, v in batch.items() if jnp.ndim(v)}, config.micro_batches)
+  return {k: _merge_micro(v) for k, v in jax.lax.map(one, micro).items()}
+
+
+def kept_token_mask(params, rest, teacher_params, graphdef, config: StepConfig,
+                    batch: Mapping[str, Array]) -> Array:
+  """The localisation's kept tokens of the whole batch (`old_policy_pass`'s `kept_mask`)."""
+  return old_policy_pass(params, rest, teacher_params, graphdef, config, batch)["kept_mask"]
 
 
 def _reference_logprobs(ref_params, graphdef, rest, config: StepConfig,
@@ -327,15 +396,14 @@ def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig,
   advantages = mb["advantages"].astype(jnp.float32)
   metrics: dict[str, Array] = {}
   if config.counterfactual:
-    cf_hidden = teacher_model.hidden_states(mb["cf_teacher_input_ids"],
-                                            mb["cf_teacher_attention_mask"])
-    cf_logprob, cf_log_max = chunked.teacher_token_stats_chunked(
-        cf_hidden, teacher_model.logits, mb["input_ids"], chunk=config.chunk)
-    advantages, flipped = cripo.counterfactual_flips(
-        jax.lax.stop_gradient(stats.logprob), cf_logprob, cf_log_max, advantages,
-        mb["cf_mask"] * loss_mask, alpha=config.flip_alpha, tau_flip=config.flip_tau)
-    metrics["flipped_tokens"] = flipped.astype(jnp.float32).sum()
+    if config.fixed_per_batch:   # flipped once per batch by `old_policy_pass`
+      flipped = mb["flipped"]
+    else:
+      advantages, flipped = _counterfactual_flips(teacher_model, config, mb, stats.logprob,
+                                                  advantages)
+    metrics["flipped_tokens"] = flipped.sum()
 
+  # A single update per batch takes the ratio against its own forward (r = 1 in value).
   old_logprobs = mb.get("old_logprobs", jax.lax.stop_gradient(stats.logprob))
   pg = losses.clipped_policy_gradient(
       stats.logprob, old_logprobs, advantages, loss_mask,
@@ -349,7 +417,8 @@ def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig,
   metrics.update(
       pg_loss=pg_sum,
       entropy=(stats.entropy * loss_mask).sum(),
-      clip_frac=((pg.clipped_high + pg.clipped_low) * loss_mask).sum(),
+      clip_frac_low=(pg.clipped_low * loss_mask).sum(),
+      clip_frac_high=(pg.clipped_high * loss_mask).sum(),
       dual_clip_frac=(pg.clipped_dual * loss_mask).sum(),
       is_truncated_frac=(pg.weight_truncated * loss_mask).sum(),
       approx_kl_old=(losses.reference_kl(jax.lax.stop_gradient(stats.logprob), old_logprobs,
@@ -414,55 +483,69 @@ def update_is_acceptable(params, new_params, max_ratio: float) -> tuple[Array, A
   return delta <= max_ratio * norm, delta / norm
 
 
+# Step metrics that count tokens or rows of the batch (the others are means or fractions).
+COUNT_METRICS = ("loss_tokens", "sequences", "distill_tokens", "kept_tokens", "cf_tokens",
+                 "flipped_tokens")
+
+
 def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
                  config: StepConfig) -> Callable[[TrainState, Mapping[str, Array]],
                                                  tuple[TrainState, dict[str, Array]]]:
-  """The pure step; `jit_step` compiles it with shardings."""
+  """The pure step; `create` compiles it with shardings.
 
-  def step(state: TrainState, batch: Mapping[str, Array]):
-    beta = cripo.beta_schedule(state.step, config.beta, config.beta_warmup_steps)
-    loss_mask = batch["loss_mask"].astype(jnp.float32)
-    _, pg_den = losses.AGGREGATIONS[config.aggregation](
-        jnp.zeros_like(loss_mask), loss_mask, seq_len_norm=config.seq_len_norm)
-    denominators = {"pg": pg_den}
-    if config.distills:
-      denominators["distill"] = _distill_denominator(config, batch["distill_mask"])
-    if config.kept_pre_pass:
-      kept = kept_token_mask(state.params, rest, state.teacher_params, graphdef, config, batch)
-      batch = {**batch, "kept_mask": kept}
-      denominators["distill"] = kept.sum()
+  `config.num_iterations` (μ) passes over the same batch, each in `config.mini_batches` (M)
+  successive updates on a share of its rows (each loss the mean over its mini-batch). With
+  μ · M = 1 the ratio is taken against the update's own forward (r = 1 in value, the on-policy
+  step). Otherwise `old_policy_pass` first fixes log π_old (and CriPO's flips and kept set) at
+  the parameters before the first update, then every later update's ratio r = π_θ / π_old
+  moves away from 1 and the ε_low / ε_high and dual clips act. The step counter, the RNG, the
+  β schedule and the EMA teacher advance once per batch; the optimizer's count (and so its
+  schedule, see `make_optimizer`) once per update. Metrics are means over the μ · M updates,
+  counts (`COUNT_METRICS`) those of the whole batch.
+  """
+  grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
 
-    grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
-
+  def gradients(params, state: TrainState, batch, denominators, beta):
+    """(loss, metric sums, gradients) of the whole batch at `params`, micro-batch by micro-batch."""
     def accumulate(carry, mb):
       grads, loss, metric_sums = carry
-      (mb_loss, mb_metrics), mb_grads = grad_fn(state.params, rest, state.teacher_params,
-                                                graphdef, config, mb, denominators, beta,
+      (mb_loss, mb_metrics), mb_grads = grad_fn(params, rest, state.teacher_params, graphdef,
+                                                config, mb, denominators, beta,
                                                 state.ref_params)
       grads = jax.tree.map(jnp.add, grads, mb_grads)
       metric_sums = jax.tree.map(jnp.add, metric_sums, mb_metrics)
       return (grads, loss + mb_loss, metric_sums), None
 
     if config.micro_batches == 1:
-      (loss, metric_sums), grads = grad_fn(state.params, rest, state.teacher_params, graphdef,
+      (loss, metric_sums), grads = grad_fn(params, rest, state.teacher_params, graphdef,
                                            config, batch, denominators, beta, state.ref_params)
     else:
       # The first micro-batch starts the accumulators (no eval_shape of the loss: tracing a
       # model merged from outer-trace values breaks nnx.remat's trace-level check).
       micro = _split_micro(batch, config.micro_batches)
       (loss, metric_sums), grads = grad_fn(
-          state.params, rest, state.teacher_params, graphdef, config,
+          params, rest, state.teacher_params, graphdef, config,
           {k: v[0] for k, v in micro.items()}, denominators, beta, state.ref_params)
       (grads, loss, metric_sums), _ = jax.lax.scan(
           accumulate, (grads, loss, metric_sums), {k: v[1:] for k, v in micro.items()})
+    return loss, metric_sums, grads
 
+  def update(params, opt_state, state: TrainState, batch, beta, allowed=True):
+    """One optimizer update on the (mini-)batch: (params, opt_state, metrics, applied). The
+    loss is its own mean; `allowed` False (an earlier update of the batch was skipped), a
+    non-finite loss or an unacceptably large update applies nothing."""
+    loss_mask = batch["loss_mask"].astype(jnp.float32)
+    _, pg_den = losses.AGGREGATIONS[config.aggregation](
+        jnp.zeros_like(loss_mask), loss_mask, seq_len_norm=config.seq_len_norm)
+    denominators = {"pg": pg_den}
+    if config.distills:
+      denominators["distill"] = (
+          batch["kept_mask"].sum() if config.kept_pre_pass and config.distill_norm == "kept-tokens"
+          else _distill_denominator(config, batch["distill_mask"]))
+    loss, metric_sums, grads = gradients(params, state, batch, denominators, beta)
     grad_norm = optax.tree.norm(grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    teacher_params = state.teacher_params
-    if config.teacher == "ema" and teacher_params is not None:
-      teacher_params = jax.tree.map(lambda t, p: t + config.ema_rate * (p - t),
-                                    teacher_params, params)
+    updates, new_opt_state = optimizer.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
 
     tokens = loss_mask.sum()
     per_token = lambda x: losses.mean_from_parts(x, tokens)  # noqa: E731
@@ -470,7 +553,11 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
         "loss": loss,
         "pg_loss": losses.mean_from_parts(metric_sums["pg_loss"], pg_den),
         "entropy": per_token(metric_sums["entropy"]),
-        "clip_frac": per_token(metric_sums["clip_frac"]),
+        # clip_frac_low: A < 0 and r < 1 − ε_low; clip_frac_high: A > 0 and r > 1 + ε_high
+        # (the tokens whose clipped branch is active); both 0 while r = 1.
+        "clip_frac": per_token(metric_sums["clip_frac_low"] + metric_sums["clip_frac_high"]),
+        "clip_frac_low": per_token(metric_sums["clip_frac_low"]),
+        "clip_frac_high": per_token(metric_sums["clip_frac_high"]),
         "dual_clip_frac": per_token(metric_sums["dual_clip_frac"]),
         "is_truncated_frac": per_token(metric_sums["is_truncated_frac"]),
         "approx_kl_old": per_token(metric_sums["approx_kl_old"]),
@@ -496,23 +583,70 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
     if config.ref_kl_coef > 0:
       metrics["ref_kl"] = losses.mean_from_parts(metric_sums["ref_kl"], pg_den)
 
+    # A non-finite loss or gradient (or an update that overflows the parameters) applies
+    # nothing: parameters and optimizer state stay bit-identical.
+    finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+              & jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(new_params)])))
+    # So does a finite update far larger than any healthy one (`update_is_acceptable`).
+    acceptable, update_ratio = update_is_acceptable(params, new_params, config.max_update_ratio)
+    applied = finite & acceptable & allowed
+    params, opt_state = jax.tree.map(lambda new, old: jnp.where(applied, new, old),
+                                     (new_params, new_opt_state), (params, opt_state))
+    metrics["skipped_nonfinite"] = 1.0 - finite.astype(jnp.float32)
+    metrics["skipped_large_update"] = (finite & ~acceptable).astype(jnp.float32)
+    metrics["update_ratio"] = update_ratio
+    return params, opt_state, metrics, applied
+
+  def step(state: TrainState, batch: Mapping[str, Array]):
+    beta = cripo.beta_schedule(state.step, config.beta, config.beta_warmup_steps)
+    if config.kept_pre_pass or config.fixed_per_batch:
+      fixed = old_policy_pass(state.params, rest, state.teacher_params, graphdef, config, batch)
+      if "old_logprobs" in batch:   # a batch that brings its own π_old keeps it
+        fixed.pop("old_logprobs", None)
+      batch = {**batch, **fixed}
+
+    if config.updates_per_step == 1:
+      params, opt_state, metrics, applied = update(state.params, state.opt_state, state, batch,
+                                                   beta)
+      first_applied = applied
+    else:
+      # Mini-batch m holds rows m, m + M, … (strided like micro-batches: every data shard
+      # keeps rows in each); update u trains on mini-batch u mod M.
+      minis = _split_micro({k: v for k, v in batch.items() if jnp.ndim(v)}, config.mini_batches)
+
+      def one_update(carry, index):
+        params, opt_state, allowed = carry
+        mini = {k: v[index % config.mini_batches] for k, v in minis.items()}
+        params, opt_state, metrics, applied = update(params, opt_state, state, mini, beta,
+                                                     allowed)
+        return (params, opt_state, applied), (metrics, applied)
+
+      # Once an update is skipped, so is every later one of the batch: the updates before
+      # the first non-finite one stay applied.
+      (params, opt_state, _), (per_update, applied) = jax.lax.scan(
+          one_update, (state.params, state.opt_state, jnp.asarray(True)),
+          jnp.arange(config.updates_per_step))
+      metrics = jax.tree.map(lambda x: x.mean(axis=0), per_update)
+      for name in COUNT_METRICS:   # of the whole batch: the sum over its mini-batches
+        if name in metrics:
+          metrics[name] = metrics[name] * config.mini_batches
+      for name in ("skipped_nonfinite", "skipped_large_update"):   # any update of the batch
+        metrics[name] = per_update[name].max()
+      first_applied = applied[0]
+
+    teacher_params = state.teacher_params
+    if config.teacher == "ema" and teacher_params is not None:
+      teacher_params = jax.tree.map(lambda t, p: t + config.ema_rate * (p - t),
+                                    teacher_params, params)
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                            rng=jax.random.split(state.rng)[0] if state.rng.ndim == 1
                            else state.rng, teacher_params=teacher_params,
                            ref_params=state.ref_params)
-    # A non-finite loss or gradient (or an update that overflows the parameters) applies
-    # nothing: the whole state, step counter and RNG included, stays bit-identical, so
-    # `state.step` counts applied updates and the trainer decides when to give up.
-    finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-              & jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(params)])))
-    # So does a finite update far larger than any healthy one (`update_is_acceptable`).
-    acceptable, update_ratio = update_is_acceptable(state.params, params,
-                                                    config.max_update_ratio)
-    applied = finite & acceptable
-    new_state = jax.tree.map(lambda new, old: jnp.where(applied, new, old), new_state, state)
-    metrics["skipped_nonfinite"] = 1.0 - finite.astype(jnp.float32)
-    metrics["skipped_large_update"] = (finite & ~acceptable).astype(jnp.float32)
-    metrics["update_ratio"] = update_ratio
+    # A batch none of whose updates applied leaves the whole state, step counter and RNG
+    # included, bit-identical, so `state.step` counts the batches trained on and the trainer
+    # decides when to give up (`skipped_<reason>` is 1 when any update of the batch was).
+    new_state = jax.tree.map(lambda new, old: jnp.where(first_applied, new, old), new_state,
+                             state)
     return new_state, metrics
 
   return step
@@ -557,10 +691,11 @@ class Trainable:
       raise ValueError(f"batch arrays disagree on the number of rows: {rows}")
     data_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
     global_rows = next(iter(rows.values())) * jax.process_count()
-    if global_rows % (data_shards * self.config.micro_batches):
+    if global_rows % (data_shards * self.config.micro_batches * self.config.mini_batches):
       raise ValueError(
           f"global batch of {global_rows} rows must be divisible by data×fsdp ({data_shards}) × "
-          f"micro_batches ({self.config.micro_batches})")
+          f"micro_batches ({self.config.micro_batches}) × mini_batches "
+          f"({self.config.mini_batches})")
     return parallel.global_batch(batch, self.mesh)
 
 

@@ -1,6 +1,8 @@
 """A tiny model, optimizer, step config and deterministic batches shared by the step tests."""
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -58,3 +60,13 @@ def rows(index: int, num_rows: int = ROWS, teacher: bool = True) -> list[batchin
 def batch(index: int, num_rows: int = ROWS) -> dict[str, np.ndarray]:
   return batching.assemble(rows(index, num_rows), pad_id=0, prefix_multiple=4,
                            response_multiple=8, with_distill=True)
+
+
+def target_logprobs(model, batch) -> tuple[jax.Array, jax.Array]:
+  """log p(y_t) of every target column from full (unchunked) logits, and the log-softmax
+  [B, T − 1, V] it came from: the references' forward."""
+  ids = jnp.asarray(batch["input_ids"])
+  logits = model(ids, jnp.asarray(batch["attention_mask"]))
+  logp_all = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+  logp = jnp.take_along_axis(logp_all, ids[:, 1:, None], axis=-1)[..., 0]
+  return jnp.pad(logp, [(0, 0), (1, 0)]), logp_all

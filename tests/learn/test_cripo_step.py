@@ -310,3 +310,20 @@ def test_pre_pass_runs_only_when_needed():
   assert not step_config(micro_batches=1).kept_pre_pass
   assert not step_config(micro_batches=2, distill_norm="distill-tokens").kept_pre_pass
   assert not dataclasses.replace(step_config(micro_batches=2), localize=False).kept_pre_pass
+
+
+def test_several_iterations_keep_the_old_policys_kept_set_and_flips(reference):
+  """μ = 2: both updates use the kept set and flips of the parameters before the first update
+  (the reference's), although the updated parameters would choose other ones."""
+  config = step_config(num_iterations=2, max_update_ratio=100.0)   # a large move on purpose
+  mesh = parallel.make_mesh(parallel.MeshShape(1, 1, 1), devices=jax.devices()[:1])
+  trainable, state = train_step.create(peaky_model(), optax.sgd(3.0), config, mesh)
+  batch = trainable.put_batch(assemble(reference["rows"]))
+  state, metrics = trainable.step(state, batch)
+  kept = sum(k.sum() for k in reference["kept"])
+  flipped = sum(f.sum() for f in reference["flipped"])
+  assert float(metrics["skipped_large_update"]) == 0
+  assert (float(metrics["kept_tokens"]), float(metrics["flipped_tokens"])) == (kept, flipped)
+  after = train_step.old_policy_pass(state.params, trainable.rest, None, trainable.graphdef,
+                                     config, batch)
+  assert (float(after["kept_mask"].sum()), float(after["flipped"].sum())) != (kept, flipped)

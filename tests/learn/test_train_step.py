@@ -26,11 +26,7 @@ REPO = HARNESS.parents[2]
 
 def _reference_loss(model, batch, config: train_step.StepConfig, beta: float):
   """Full-logits loss written from the equations (docs/ALGORITHMS.md §1.2-1.5), no chunking."""
-  ids = jnp.asarray(batch["input_ids"])
-  logits = model(ids, jnp.asarray(batch["attention_mask"]))
-  logp_all = jax.nn.log_softmax(logits[:, :-1], axis=-1)
-  logp = jnp.take_along_axis(logp_all, ids[:, 1:, None], axis=-1)[..., 0]
-  logp = jnp.pad(logp, [(0, 0), (1, 0)])
+  logp, logp_all = step_fixtures.target_logprobs(model, batch)
   mask = jnp.asarray(batch["loss_mask"])
   adv = jnp.asarray(batch["advantages"])
   old = jax.lax.stop_gradient(logp)
