@@ -306,7 +306,9 @@ def _build(config: ml_collections.ConfigDict, workdir: epath.Path) -> Run:
                    tokenizer)
   throughput = flops.Throughput.for_devices(
       model.cfg, config.model.compute_dtype, ref_kl=trainable.config.ref_kl_coef > 0,
-      peak_flops_per_s=config.train.peak_flops_per_s)
+      peak_flops_per_s=config.train.peak_flops_per_s,
+      num_iterations=trainable.config.num_iterations,
+      old_policy_pass=trainable.config.fixed_per_batch)
   run = Run(config=config, tokenizer=tokenizer, trainable=trainable, state=state,
             engine=engine, pipeline=pipelines.make_pipeline(config, engine, tokenizer),
             checkpointer=_checkpointer(config, workdir),

@@ -134,22 +134,32 @@ class Throughput:
   peak_flops_per_s: float
   peak_source: str
   ref_kl: bool = False
+  # PPO passes over each batch (train.num_iterations): each is a full student forward +
+  # backward with its teacher and reference forwards. Mini-batches split a pass's rows, not
+  # its work; with several updates per batch (`StepConfig.fixed_per_batch`) one stop-gradient
+  # forward first fixes log π_old.
+  num_iterations: int = 1
+  old_policy_pass: bool = False
 
   @classmethod
   def for_devices(cls, model: ModelConfig, compute_dtype: str, *, ref_kl: bool,
-                  peak_flops_per_s: float = 0.0) -> "Throughput":
+                  peak_flops_per_s: float = 0.0, num_iterations: int = 1,
+                  old_policy_pass: bool = False) -> "Throughput":
     """The run's throughput meter: a configured peak, else the published one of these
     devices, else their measured matmul rate at the compute dtype (about a second)."""
     devices = jax.devices()
     if peak_flops_per_s > 0:
-      return cls(model, float(peak_flops_per_s), "config", ref_kl)
+      return cls(model, float(peak_flops_per_s), "config", ref_kl, num_iterations,
+                 old_policy_pass)
     kind = devices[0].device_kind
     published = peak_flops_per_s_of(kind, len(devices))
     if published is not None:
-      return cls(model, published, f"published bf16 peak of {len(devices)} × {kind}", ref_kl)
+      return cls(model, published, f"published bf16 peak of {len(devices)} × {kind}", ref_kl,
+                 num_iterations, old_policy_pass)
     rate = measure_matmul_rate(1024, min_seconds=0.5, dtype=jnp.dtype(compute_dtype))
     return cls(model, rate["flops_per_s"] * len(devices),
-               f"measured {compute_dtype} 1024² matmul rate of {len(devices)} × {kind}", ref_kl)
+               f"measured {compute_dtype} 1024² matmul rate of {len(devices)} × {kind}", ref_kl,
+               num_iterations, old_policy_pass)
 
   def step_metrics(self, batch: Mapping[str, Any], seconds: float) -> dict[str, float]:
     """What one executed step did in `seconds` (compile time excluded by the caller). The
@@ -158,15 +168,18 @@ class Throughput:
 
     throughput/tokens          attended (non-padding) tokens of the student rows
     throughput/trained_tokens  response tokens with loss (the policy-gradient tokens)
-    throughput/model_tflops    model FLOPs of the step over its padded batch (`train_step_flops`
-                               with `batch_forwards` extra forwards), in TFLOP
+    throughput/model_tflops    model FLOPs of the step over its padded batch, in TFLOP:
+                               `num_iterations` × `train_step_flops` with `batch_forwards`
+                               extra forwards, plus the π_old forward (old_policy_pass)
     time/throughput/step_compute_s   `seconds`
     time/throughput/tokens_per_s, time/throughput/trained_tokens_per_s   the counts per second
     time/throughput/mfu        model FLOPs / seconds / peak_flops_per_s
     """
     rows, seq_len = np.shape(batch["input_ids"])
-    flops = train_step_flops(self.model, rows, seq_len,
-                             teacher_forwards=batch_forwards(batch, self.ref_kl))["total"]
+    one_pass = train_step_flops(self.model, rows, seq_len,
+                                teacher_forwards=batch_forwards(batch, self.ref_kl))["total"]
+    forward = sum(decoder_forward_flops(self.model, rows, seq_len, seq_len - 1).values())
+    flops = self.num_iterations * one_pass + (forward if self.old_policy_pass else 0.0)
     tokens = float(np.sum(batch["attention_mask"]))
     trained = float(np.sum(np.asarray(batch["loss_mask"]) > 0))
     seconds = max(seconds, 1e-9)

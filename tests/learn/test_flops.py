@@ -51,6 +51,11 @@ def test_step_metrics_hand_worked():
   with_all = flops.Throughput(CFG, 1e6, "test", ref_kl=True).step_metrics(
       _batch(teacher=True, cf=True), seconds=0.5)
   assert with_all["throughput/model_tflops"] == pytest.approx(6 * forward / 1e12, rel=1e-12)
+  # Four PPO passes, each with its teacher forward, after one forward for log π_old.
+  ppo = flops.Throughput(CFG, 1e6, "test", num_iterations=4, old_policy_pass=True).step_metrics(
+      _batch(teacher=True), seconds=0.5)
+  assert ppo["throughput/model_tflops"] == pytest.approx((4 * 4 + 1) * forward / 1e12,
+                                                         rel=1e-12)
 
 
 def test_batch_forwards():
