@@ -50,7 +50,7 @@ import numpy as np  # noqa: E402
 from benchmarks import common, vs_tunix  # noqa: E402
 from rised_jax import config as config_lib, parallel, pipelines, trainer  # noqa: E402
 from rised_jax.learn import advantages as advantages_lib  # noqa: E402
-from rised_jax.learn import train_step as step_lib  # noqa: E402
+from rised_jax.learn import flops, train_step as step_lib  # noqa: E402
 from rised_jax.model import ModelConfig, from_config, from_pretrained  # noqa: E402
 from rised_jax.rollout.base import GenerationRequest, SamplingParams  # noqa: E402
 from rised_jax.rollout.jax_engine import JaxEngine  # noqa: E402
@@ -180,9 +180,13 @@ def run_ours_agentic(args: argparse.Namespace, tokenizer) -> dict[str, Any]:
       config_lib.optimizer_config(config)), config_lib.step_config(config), parallel.make_mesh())
   engine = trainer._engine(config, trainable.model(state), tokenizer)  # noqa: SLF001 - the job's
   pipeline = pipelines.make_pipeline(config, engine, tokenizer)
+  throughput = flops.Throughput.for_devices(
+      model.cfg, config.model.compute_dtype, ref_kl=trainable.config.ref_kl_coef > 0,
+      num_iterations=trainable.config.num_iterations,
+      old_policy_pass=trainable.config.fixed_per_batch)
   run = trainer.Run(config=config, tokenizer=tokenizer, trainable=trainable, state=state,
                     engine=engine, pipeline=pipeline, checkpointer=None, log=None,
-                    history=trainer.RunHistory())
+                    history=trainer.RunHistory(), throughput=throughput)
   iterations, tokens = [], []
   compiled: set = set()
   for step in range(args.warmup + args.iters):
