@@ -145,16 +145,7 @@ def test_tpu_pod_job_runs_detached_logs_to_the_bucket_and_stops(tmp_path):
   on_host()
   pid = int((home / "rised_jax_logs" / "r1.pid").read_text())
   on_host("--stop")
-  deadline = time.monotonic() + 10
-  while time.monotonic() < deadline:
-    try:
-      os.kill(pid, 0)
-    except ProcessLookupError:
-      break
-    time.sleep(0.1)
-  else:
-    os.kill(pid, 9)
-    pytest.fail("--stop left the job running")
+  _wait_gone(pid, 10, "--stop left the job running")
 
 
 @pytest.mark.parametrize("args, message", [
