@@ -61,6 +61,9 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
 
   max_score: ClassVar[float]
   pool_key: ClassVar[str]          # environments with one pool key share their simulators
+  # Set: without an explicit max_turns the budget is derived per instance, max(
+  # default_max_turns, gold_turns_factor x its gold length), so a long gold run always fits.
+  gold_turns_factor: ClassVar[int | None] = None
   # Live JVMs per pool (a ScienceWorld JVM grows to ~4 GB): RISED_SUITE_JVMS, default 2. With
   # fewer JVMs than live episodes every step may replay (see `suites.BackendPool`).
   pool_capacity: ClassVar[int] = int(os.environ.get("RISED_SUITE_JVMS", "2"))
@@ -72,6 +75,7 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
     """eval_split: the suite's split evaluation plays ('dev' or 'test'); seeds from
     `held_out_from` on play it, lower seeds the train split."""
     super().__init__(max_turns=max_turns, shaping=shaping)
+    self._derive_turns = max_turns is None and self.gold_turns_factor is not None
     if eval_split not in ("dev", "test"):
       raise ValueError(f"{self.name}: eval_split must be 'dev' or 'test', got {eval_split!r}")
     self.eval_split = eval_split
@@ -129,6 +133,9 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
     start = self._start(self.instance)
     self._opening = start.intro
     self.view, self.score, self.gold = start.view, start.score, start.gold
+    if self._derive_turns:
+      self.max_turns = min(base.MAX_TURNS,
+                           max(self.default_max_turns, self.gold_turns_factor * len(self.gold)))
     self._spelling = _spellings(start.admissible + start.gold)
     self.history: list[str] = []       # every command sent to the suite, in order
     self._gold_done: int | None = 0    # gold commands played so far; None once off the gold path

@@ -264,6 +264,46 @@ def test_scienceworld_splits_keys_and_bad_replies():
   check_bad_replies(train_env)
 
 
+@SCIENCEWORLD
+def test_scienceworld_budget_covers_each_gold_sequence():
+  """Boil's gold runs reach 176 commands, past the default 50: each instance's budget is
+  max(50, 2 x its gold length); an explicit max_turns stays fixed. ScienceWorld draws a
+  somewhat different gold run at each load (boil variation 11: 80 to 85 commands), so a fresh
+  one read straight from the simulator must fit too."""
+  env = envs.make("scienceworld", task="boil")
+
+  def gold_length(variation):
+    def read(backend):
+      backend.load("boil", variation, "easy", generateGoldPath=True)
+      return len(backend.get_gold_action_sequence())
+    return env._pool().use(read)   # pylint: disable=protected-access
+
+  # Seeds 0, 11, 12 play train variations 0, 11, 12; 1_000_003 the dev variation 18.
+  lengths = {}
+  for seed, variation in ((0, 0), (11, 11), (12, 12), (1_000_003, 18)):
+    observation = env.reset(seed)
+    assert env.instance[1] == variation
+    lengths[seed] = len(env.gold)
+    assert env.max_turns == max(50, 2 * lengths[seed])
+    assert gold_length(variation) <= env.max_turns
+    assert f"Turns left: {env.max_turns}." in observation
+  assert max(lengths.values()) > 50
+  short = envs.make("scienceworld", task="find-living-thing")
+  short.reset(2)
+  assert len(short.gold) < 25 and short.max_turns == 50   # the floor
+  # Variation 12: its gold run repeats "use thermometer" until the chocolate boils, which
+  # took 86 turns when measured; the old default budget of 50 cut it off.
+  env.reset(12)
+  for turn, command in enumerate(env.oracle(), start=1):
+    _, _, done, info = env.step(f"<answer>{command}</answer>")
+    if done:
+      break
+  assert info["success"] and not info["truncated"] and turn > 50
+  fixed = envs.make("scienceworld", task="boil", max_turns=60)
+  fixed.reset(12)
+  assert fixed.max_turns == 60
+
+
 # ------------------------------------------------------------------------ TextWorld Express
 
 
