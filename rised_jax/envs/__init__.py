@@ -50,6 +50,7 @@ _SUITES: dict[str, tuple[str, str]] = {
     "twx_coin": ("rised_jax.envs.twx", "CoinCollector"),
     "twx_cooking": ("rised_jax.envs.twx", "CookingWorld"),
     "twx_twc": ("rised_jax.envs.twx", "Commonsense"),
+    "textcraft": ("rised_jax.envs.textcraft_env", "TextCraft"),
 }
 _BUILTIN_NAMES = frozenset(_REGISTRY)
 ENVIRONMENTS = plugins.Registry("environment", _REGISTRY, check=check_environment_class)

@@ -12,7 +12,13 @@ each visible thing is described by its offset from the agent in steps forward an
 Actions, as texts: turn left, turn right, go forward, pick up, drop, toggle (BabyAI's `done`
 action is not offered: no level needs it). The oracle is minigrid's `BabyAIBot`, run on a copy
 of the current state until the mission is verified; the length of its plan is the distance that
-progress / regress events measure (`rised_jax.rubrics.suite_rules`).
+progress / regress events measure (`rised_jax.rubrics.suite_rules`). The bot remembers what it
+has seen and which subgoals it holds, so one bot follows the whole episode: before each step it
+observes the state and is told the action the agent took (the bot's own DAgger protocol,
+`replan(action_taken)`), and a plan is that bot, copied with the world, played to the end. A bot
+made afresh in mid-episode knows only the current view and loses its subgoals (holding the ball
+it was to put somewhere, it forgets why): re-planned that way at every step, PutNextLocal seeds
+looped or raised. Where the following bot cannot finish, a fresh one on the current state tries.
 
 Difficulty: `level`, one BabyAI level name or several joined by commas (the seed picks one:
 `levels[seed % len(levels)]`; minigrid's own generator then draws the instance from the seed).
@@ -138,6 +144,7 @@ class BabyAI(suites.SuiteEnvironment):
       self._envs[level].reset(seed=self._seed)
     self.level = level
     self.world = self._envs[level].unwrapped
+    self._bot, self._action_taken = _new_bot(self.world), None
     plan = self._bot_plan()
     self._start_plan = None if plan is None else tuple(plan)
     self._distance = None if plan is None else len(plan)
@@ -149,7 +156,9 @@ class BabyAI(suites.SuiteEnvironment):
 
   def _apply(self, action: str) -> base.Outcome:
     before = self._state_key()
+    self._follow()
     _, reward, terminated, truncated, _ = self.world.step(ACTIONS.index(action))
+    self._action_taken = ACTIONS.index(action)
     won = bool(terminated and reward > 0)
     lost = bool(terminated and not won)
     distance = None if terminated else self._plan_length()
@@ -182,27 +191,30 @@ class BabyAI(suites.SuiteEnvironment):
     plan = self._bot_plan()
     if plan is None:
       raise RuntimeError(f"babyai: the BabyAI bot does not solve {self.level} seed {self._seed} "
-                         f"from turn {self.turn} within {self.world.max_steps} steps")
+                         f"from turn {self.turn} within the level's "
+                         f"{self.world.max_steps - self.world.step_count} steps left")
     return plan
 
-  def _bot_plan(self) -> list[str] | None:
-    """The bot's actions from the current state, played on a copy; None if it does not win."""
-    from minigrid.utils.baby_ai_bot import BabyAIBot  # pylint: disable=import-outside-toplevel
-    world = copy.deepcopy(self.world)
-    plan = []
+  def _follow(self) -> None:
+    """Shows the episode's bot the state before this step and the action taken before it;
+    a bot that cannot follow (it asserts on states it cannot plan) is dropped."""
+    if self._bot is None:
+      return
     try:
-      bot = BabyAIBot(world)
-      for _ in range(world.max_steps):
-        action = int(bot.replan())
-        if action >= len(ACTIONS):   # `done`: the bot believes the mission complete
-          return None
-        plan.append(ACTIONS[action])
-        _, reward, terminated, truncated, _ = world.step(action)
-        if terminated or truncated:
-          return plan if terminated and reward > 0 else None
-    except Exception:  # pylint: disable=broad-except  # the bot asserts on states it cannot plan
-      return None
-    return None
+      self._bot.replan(self._action_taken)
+    except Exception:  # pylint: disable=broad-except  # its asserts: no plan from here on
+      self._bot = None
+
+  def _bot_plan(self) -> list[str] | None:
+    """The bot's actions from the current state, played on a copy; None if it does not win.
+    The episode's own bot first (its memory and subgoals), else a bot made on this state."""
+    if self._bot is not None:
+      world, bot = copy.deepcopy((self.world, self._bot))   # the copy's bot plays the copy
+      plan = _play(world, bot, self._action_taken)
+      if plan is not None:
+        return plan
+    world = copy.deepcopy(self.world)
+    return _play(world, _new_bot(world), None)
 
   def _plan_length(self) -> int | None:
     plan = self._bot_plan()
@@ -211,6 +223,34 @@ class BabyAI(suites.SuiteEnvironment):
   def _format_hint(self) -> str:
     return ("Valid actions: turn left, turn right, go forward, pick up, drop, toggle, e.g. "
             "<answer>go forward</answer>.")
+
+
+def _new_bot(world: Any) -> Any:
+  from minigrid.utils.baby_ai_bot import BabyAIBot  # pylint: disable=import-outside-toplevel
+  try:
+    return BabyAIBot(world)
+  except Exception:  # pylint: disable=broad-except  # an instruction it has no plan for
+    return None
+
+
+def _play(world: Any, bot: Any, action_taken: int | None) -> list[str] | None:
+  """`bot`'s actions on `world` (which it plays) until the mission ends; None unless won."""
+  if bot is None:
+    return None
+  plan = []
+  try:
+    for _ in range(world.max_steps - world.step_count):
+      action = int(bot.replan(action_taken))
+      action_taken = None   # from here on the bot's own suggestion is what is taken
+      if action >= len(ACTIONS):   # `done`: the bot believes the mission complete
+        return None
+      plan.append(ACTIONS[action])
+      _, reward, terminated, truncated, _ = world.step(action)
+      if terminated or truncated:
+        return plan if terminated and reward > 0 else None
+  except Exception:  # pylint: disable=broad-except  # the bot asserts on states it cannot plan
+    return None
+  return None
 
 
 def _level_id(level: str) -> str:

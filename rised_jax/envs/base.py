@@ -195,6 +195,9 @@ def check_float(env: str, key: str, value: Any, low: float, high: float) -> floa
   return float(value)
 
 
+MAX_TURNS = 1000   # the largest turn budget an environment accepts
+
+
 class Environment(abc.ABC):
   """A deterministic multi-turn text environment with an oracle solver."""
 
@@ -210,7 +213,7 @@ class Environment(abc.ABC):
 
   def __init__(self, *, max_turns: int | None = None, shaping: float = 0.0):
     self.max_turns = check_int(self.name, "max_turns", self.default_max_turns
-                               if max_turns is None else max_turns, 1, 1000)
+                               if max_turns is None else max_turns, 1, MAX_TURNS)
     self.shaping = check_float(self.name, "shaping", shaping, 0.0, 1.0)
     self._rng: random.Random | None = None
     self._turn = 0

@@ -4,7 +4,8 @@ Difficulty: `task`, one ScienceWorld task name or several joined by commas (defa
 "find-living-thing"); `simplification`, ScienceWorld's simplification string ("easy" = its
 teleport, open-doors, open-containers, no-electrical set; "" for none); `eval_split`, the split
 that evaluation plays ("dev" or "test"); `held_out_from`, the first seed of the evaluation
-range (keep it equal to `config.eval.seed_offset`, 1_000_000 by default).
+range (keep it equal to `config.eval.seed_offset`, 1_000_000 by default); `max_turns`, when
+given, a fixed budget; by default each instance gets max(50, 2 x its gold length) turns.
 
 Seeds below `held_out_from` play the suite's TRAIN variations, seeds from it on the
 `eval_split` variations: seed s picks `pairs[s % len(pairs)]` of the (task, variation) pairs of
@@ -37,6 +38,9 @@ class ScienceWorld(text_suite.TextSuite):
 
   name = "scienceworld"
   default_max_turns = 50
+  # Gold runs reach 176 commands (boil); twice the gold length leaves an agent as many turns
+  # for looking and mistakes as the scripted run needs, and never less than 50.
+  gold_turns_factor = 2
   max_score = 100.0
   pool_key = "scienceworld"
   _splits: ClassVar[dict[tuple[str, str], dict[str, list[int]]]] = {}

