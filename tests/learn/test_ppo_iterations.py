@@ -180,9 +180,12 @@ def test_resume_with_two_iterations_is_bit_exact(tmp_path):
 
 def test_the_tiny_dapo_preset_clips(tmp_path):
   """The dapo preset's μ = 4 on the tiny Signpost game (the smoke setting's rewards are all 0,
-  so it has no advantage to clip): the logged clip fractions are > 0 on both sides."""
+  so it has no advantage to clip): the logged clip fractions are > 0 on both sides. The model
+  is the learning test's (environment words only: dapo shows it no rubric text); with the
+  rubric words the first step's rollouts happen to win nothing, so there is nothing to clip."""
   config = tiny_config("dapo,signpost", tiny.write(tmp_path / "model",
-                                                   ["tests.learning_envs:Signpost"]),
+                                                   ["tests.learning_envs:Signpost"],
+                                                   rubric=False),
                        **{"train.steps": 1, "select.pool_groups": 8, "select.batch_groups": 4,
                           "eval.episodes_per_env": 8})
   assert config.train.num_iterations == 4
