@@ -73,10 +73,16 @@ log="$logs/$name.log" pidfile="$logs/$name.pid"
 ssh=(gcloud compute tpus tpu-vm ssh "$tpu" "--zone=$zone")
 [ -n "$project" ] && ssh+=("--project=$project")
 
+# On each host: whether the job (its process group, named by the pid file) still runs.
+running="[ -f $pidfile ] && kill -0 \$(cat $pidfile) 2>/dev/null"
+status="if $running; then echo \"\$(hostname): running\"; else"
+status+=" echo \"\$(hostname): not running\"; fi; tail -n 1 $log 2>/dev/null || true"
+stop="if [ -f $pidfile ]; then kill -TERM -- -\$(cat $pidfile) 2>/dev/null || true;"
+stop+=" rm -f $pidfile; fi"
 case "$action" in
   attach) run "${ssh[@]}" --worker=0 "--command=tail -n 100 -F $log"; exit ;;
-  status) run "${ssh[@]}" --worker=all "--command=if [ -f $pidfile ] && kill -0 \$(cat $pidfile) 2>/dev/null; then echo \"\$(hostname): running\"; else echo \"\$(hostname): not running\"; fi; tail -n 1 $log 2>/dev/null || true"; exit ;;
-  stop) run "${ssh[@]}" --worker=all "--command=if [ -f $pidfile ]; then kill -TERM -- -\$(cat $pidfile) 2>/dev/null || true; rm -f $pidfile; fi"; exit ;;
+  status) run "${ssh[@]}" --worker=all "--command=$status"; exit ;;
+  stop) run "${ssh[@]}" --worker=all "--command=$stop"; exit ;;
 esac
 
 [ -n "$config" ] || die "--config is required, e.g. experiments/configs/rised_qwen3_multienv.py:rised,4b,tpu"
@@ -128,7 +134,7 @@ copy="gcloud storage cp -q $log $workdir/logs/\$(hostname).log"
 job="cd $repo || exit 1; ( while sleep 60; do $copy; done ) & copier=\$!; "
 job+="$(quote "${train[@]}") > $log 2>&1; status=\$?; kill \$copier; $copy; exit \$status"
 # $repo and ~ stay unquoted so that they are the remote home.
-start="mkdir -p $logs && if [ -f $pidfile ] && kill -0 \$(cat $pidfile) 2>/dev/null; then"
+start="mkdir -p $logs && if $running; then"
 start+=" echo \"\$(hostname): already running\"; else"
 start+=" setsid nohup bash -c $(quote "$job") > /dev/null 2>&1 < /dev/null & echo \$! > $pidfile; fi"
 run "${ssh[@]}" --worker=all "--command=$start"
