@@ -181,7 +181,9 @@ def test_a_file_url_workdir_saves_and_restores_the_reference(tiny_model, tmp_pat
   assert (local / "checkpoints" / "1").is_dir()
 
 
-def test_workdir_urls_are_resolved_or_refused_by_name(tmp_path):
+def test_workdir_urls_are_resolved_or_refused_by_name(tmp_path, monkeypatch):
+  # gcsfs (the `gcs` extra) is not installed here; its absence has a test of its own.
+  monkeypatch.setattr(trainer, "_check_bucket_backend", lambda scheme, workdir: None)
   assert trainer.resolve_workdir(f"file://localhost{tmp_path}") == epath.Path(tmp_path)
   assert os.fspath(trainer.resolve_workdir("gs://bucket/run")) == "gs://bucket/run"
   with pytest.raises(ValueError, match=r"workdir 'file://host/x': a file:// URL must name a "
@@ -192,9 +194,11 @@ def test_workdir_urls_are_resolved_or_refused_by_name(tmp_path):
     trainer.resolve_workdir("ftp://x/run")
 
 
-def test_sglang_weight_sync_under_a_bucket_workdir_needs_a_local_weight_dir(tmp_path):
+def test_sglang_weight_sync_under_a_bucket_workdir_needs_a_local_weight_dir(tmp_path,
+                                                                          monkeypatch):
   """The export used to land in ./gs:/bucket/run/weights under the cwd; now a bucket workdir
   needs rollout.sglang.weight_dir, refused before anything loads or touches the bucket."""
+  monkeypatch.setattr(trainer, "_check_bucket_backend", lambda scheme, workdir: None)
   config = _config("grpo", "runs/tiny_model", **{"rollout.engine": "sglang"})
   with pytest.raises(ValueError, match=r"config\.rollout\.sglang\.weight_dir is empty and the "
                      r"workdir gs://bucket/run is a bucket URL"):
