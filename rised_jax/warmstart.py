@@ -42,29 +42,46 @@ from flax import nnx
 
 from rised_jax import envs
 from rised_jax.model import from_config, save_pretrained, tiny
-from rised_jax.rollout.chat import ChatFormat
+from rised_jax.envs import doors, parsing
+from rised_jax.envs.doors import TRAP
+from rised_jax.rollout.chat import ChatFormat, join_system_text
 from rised_jax.rubrics import Vocabulary
-from rised_jax.teach import positive
+from rised_jax.teach import guidance, positive
 from rised_jax.teach.action_mass import next_token_logits
 
 ENV = "frozenlake"
 DIFFICULTY = dict(size=3, holes=1, min_distance=1, max_turns=1)
+# --game: the (environment, knobs) variants whose prompts the copy task uses, and the
+# vocabulary whose positive descriptions fill the teacher block besides the named move.
+# "doors" is the mechanism suite's (experiments/configs/mechanisms_rised.py): both its games.
+GAMES = {
+    "frozenlake": (((ENV, DIFFICULTY),), "agentic_v1"),
+    "doors": (tuple((doors.PATH, knobs) for knobs in doors.SUITE_GAMES.values()),
+              "rised_jax.envs.doors:VOCABULARY"),
+}
 REPLY_PREFIX = "<answer>"
+EXAMPLE_RATE = 0.5   # a prior row's target: the system prompt's example move this often
 LINE = "Opens with {move}"
 HELD_OUT_SEED_OFFSET = 1_000_000
 
 
-def instance(seed: int):
+def instance(seed: int, env_name: str = ENV, difficulty=DIFFICULTY):
   """(system prompt, first observation, instance key, winning moves) of one instance."""
-  env = envs.make(ENV, **DIFFICULTY)
+  env = envs.make(env_name, **difficulty)
   observation = env.reset(seed)
   wins = []
   for move in env.action_space():
-    probe = envs.make(ENV, **DIFFICULTY)
+    probe = envs.make(env_name, **difficulty)
     probe.reset(seed)
     if probe.step(envs.format_answer(move))[3]["success"]:
       wins.append(move)
-  return env.system_prompt, observation, envs.instance_key(ENV, seed, DIFFICULTY), wins
+  return (env.system_prompt, observation, envs.instance_key(env_name, seed, difficulty), wins)
+
+
+def guidance_hint(move: str) -> str:
+  """The guidance hint (its packaged template) that names "Opens with MOVE"."""
+  template = positive.load_template(None, guidance.DEFAULT_TEMPLATE, package="rised_jax.teach")
+  return template.render(behaviours=[LINE.format(move=move)]).strip()
 
 
 def teacher_text(system_prompt: str, move: str, others: Sequence[str]) -> str:
@@ -75,37 +92,81 @@ def teacher_text(system_prompt: str, move: str, others: Sequence[str]) -> str:
                          behaviours=[*others, LINE.format(move=move)]).rstrip()
 
 
-def tokenizer_words() -> list[str]:
-  """The tiny tokenizer's words plus those of the rubric line (appended: ids stay put)."""
-  words = tiny.tokenizer_words([ENV])
-  return words + [w for w in tiny.WORD.findall(LINE.format(move="")) if w not in words]
+def tokenizer_words(game: str = "frozenlake") -> list[str]:
+  """The tiny tokenizer's words for `game` plus those of the rubric line and of the game's
+  vocabulary, its variants' prompts and moves (appended: the ids of "frozenlake" stay put)."""
+  variants, vocabulary = GAMES[game]
+  words = tiny.tokenizer_words([ENV] if game == "frozenlake" else [])
+  texts = [LINE.format(move="")]
+  if game != "frozenlake":   # the built-in game's words are all in the tiny tokenizer already
+    texts += [e.description for e in Vocabulary.load(vocabulary).entries]
+  for name, knobs in variants if game != "frozenlake" else ():
+    env = envs.make(name, **knobs)
+    texts += [env.system_prompt, *env.action_space()]
+    texts += [env.reset(seed) for seed in range(64)]
+  for text in texts:
+    words += [w for w in tiny.WORD.findall(text) if w not in words]
+  return words
 
 
 class Data:
-  """Training rows drawn from instances whose keys are not held out."""
+  """Training rows drawn from instances of `game` (a key of GAMES) whose keys are not held out.
 
-  def __init__(self, tokenizer, seed: int, held_out: int = 32):
+  With `avoid_share` > 0, that share of the rows drawn from a variant with a trap move (the
+  suite's Doors with `trap=True`) is a guidance row instead: the student prompt with the hint
+  "Avoid: Opens with TRAP." (the packaged guidance template), target a non-trap move drawn
+  uniformly, so the model learns that the hint rules the named move out.
+  """
+
+  def __init__(self, tokenizer, seed: int, held_out: int = 32, game: str = "frozenlake",
+               avoid_share: float = 0.0, prior_share: float = 0.0):
+    if game not in GAMES:
+      raise ValueError(f"warm-start: game {game!r}; expected one of {sorted(GAMES)}")
+    for name, share in (("avoid_share", avoid_share), ("prior_share", prior_share)):
+      if not 0.0 <= share < 1.0:
+        raise ValueError(f"warm-start: {name}={share}; expected a fraction in [0, 1)")
     self.tokenizer = tokenizer
     self.chat = ChatFormat(tokenizer, REPLY_PREFIX)
     self.rng = random.Random(seed)
-    self.moves = envs.make(ENV, **DIFFICULTY).action_space()
-    self.descriptions = [e.description for e in Vocabulary.load("agentic_v1").entries
-                         if e.positive]
-    self.held_out = [instance(HELD_OUT_SEED_OFFSET + s) for s in range(held_out)]
-    self.held_out_keys = {key for _, _, key, _ in self.held_out}
+    self.variants, vocabulary = GAMES[game]
+    self.avoid_share = avoid_share
+    self.prior_share = prior_share
+    # The teacher block's other lines: positives that name no move (in the suite, a won
+    # rollout's other positive is its syntax tag; another door's line would be false).
+    self.descriptions = [e.description for e in Vocabulary.load(vocabulary).entries
+                         if e.positive and not e.description.startswith(LINE.format(move=""))]
+    self.held_out = [(v, *instance(HELD_OUT_SEED_OFFSET + s, *self.variants[v]))
+                     for s in range(held_out) for v in [s % len(self.variants)]]
+    self.held_out_keys = {key for _, _, _, key, _ in self.held_out}
     self.end = tokenizer.encode("</answer>") + [tokenizer.eos_token_id]
+    self.hint = guidance_hint(TRAP)
+
+  def moves(self, variant: int) -> list[str]:
+    name, knobs = self.variants[variant]
+    return envs.make(name, **knobs).action_space()
 
   def training_instance(self):
-    """A random instance (`instance`'s tuple) whose key is not held out."""
+    """A random variant and instance (`instance`'s tuple) whose key is not held out."""
+    variant = self.rng.randrange(len(self.variants)) if len(self.variants) > 1 else 0
     while True:
-      drawn = instance(self.rng.randrange(HELD_OUT_SEED_OFFSET))
+      drawn = instance(self.rng.randrange(HELD_OUT_SEED_OFFSET), *self.variants[variant])
       if drawn[2] not in self.held_out_keys:
-        return drawn
+        return variant, drawn
 
   def row(self) -> tuple[list[int], list[int]]:
     """(prompt ids, target ids) of one random training instance and move."""
-    system_prompt, observation, _, _ = self.training_instance()
-    move = self.rng.choice(self.moves)
+    variant, (system_prompt, observation, _, _) = self.training_instance()
+    moves = self.moves(variant)
+    if self.prior_share and self.rng.random() < self.prior_share:
+      example = parsing.extract_answer(system_prompt)
+      move = example if self.rng.random() < EXAMPLE_RATE else self.rng.choice(moves)
+      return (self.chat.prompt_ids(system_prompt, observation),
+              self.tokenizer.encode(move) + self.end)
+    if TRAP in moves and self.avoid_share and self.rng.random() < self.avoid_share:
+      move = self.rng.choice([m for m in moves if m != TRAP])
+      prompt = self.chat.prompt_ids(join_system_text(system_prompt, self.hint), observation)
+      return prompt, self.tokenizer.encode(move) + self.end
+    move = self.rng.choice([m for m in moves if m != TRAP])   # no positive names the trap
     others = self.rng.sample(self.descriptions, self.rng.randrange(len(self.descriptions) + 1))
     prompt = positive.teacher_prompt_ids(self.chat, teacher_text(system_prompt, move, others),
                                          observation)
@@ -133,11 +194,12 @@ def _loss(params, graphdef, rest, batch):
   return (nll * mask).sum() / mask.sum()
 
 
-def train(steps: int, seed: int, batch_size: int, learning_rate: float, log_every: int = 50):
-  """(model, tokenizer, data, loss history) after `steps` supervised steps."""
-  tokenizer = tiny.build_tokenizer(tokenizer_words())
+def train(steps: int, seed: int, batch_size: int, learning_rate: float, log_every: int = 50,
+          game: str = "frozenlake", avoid_share: float = 0.0, prior_share: float = 0.0):
+  """(model, tokenizer, data, loss history) after `steps` supervised steps on `game`."""
+  tokenizer = tiny.build_tokenizer(tokenizer_words(game))
   model = from_config(tiny.tiny_config(tokenizer.vocab_size), seed)
-  data = Data(tokenizer, seed)
+  data = Data(tokenizer, seed, game=game, avoid_share=avoid_share, prior_share=prior_share)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   optimizer = optax.adam(learning_rate)
   opt_state = optimizer.init(params)
@@ -164,7 +226,7 @@ def precheck(model, tokenizer, data: Data) -> dict[str, float]:
   """Mean p(winning move) after the teacher prompt naming it and after the student prompt,
   over the held-out instances, and their difference."""
   teacher, student, wins = [], [], []
-  for system_prompt, observation, _, moves in data.held_out:
+  for _, system_prompt, observation, _, moves in data.held_out:
     win = moves[0]
     teacher.append(positive.teacher_prompt_ids(
         data.chat, teacher_text(system_prompt, win, data.descriptions[:2]), observation))
@@ -189,11 +251,21 @@ def main() -> None:
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--batch", type=int, default=16)
   parser.add_argument("--lr", type=float, default=3e-3)
+  parser.add_argument("--game", choices=sorted(GAMES), default="frozenlake",
+                      help="whose prompts the copy task uses (doors: the mechanism suite's)")
+  parser.add_argument("--avoid-share", type=float, default=0.0,
+                      help="share of a trap game's rows that teach the guidance hint")
+  parser.add_argument("--prior-share", type=float, default=0.0,
+                      help="share of rows that give the student prompt a prior: the system "
+                      "prompt's example move half the time, else a random move")
   args = parser.parse_args()
-  model, tokenizer, data, losses = train(args.steps, args.seed, args.batch, args.lr)
+  model, tokenizer, data, losses = train(args.steps, args.seed, args.batch, args.lr,
+                                         game=args.game, avoid_share=args.avoid_share,
+                                         prior_share=args.prior_share)
   check = precheck(model, tokenizer, data)
   out = save_pretrained(model, tokenizer, args.out_dir)
-  report = {"steps": args.steps, "seed": args.seed, "batch": args.batch, "lr": args.lr,
+  report = {"game": args.game, "avoid_share": args.avoid_share, "prior_share": args.prior_share,
+            "steps": args.steps, "seed": args.seed, "batch": args.batch, "lr": args.lr,
             "final_loss": float(np.mean(losses[-20:])), "precheck": check}
   (Path(out) / "warmstart.json").write_text(json.dumps(report, indent=2))
   print(json.dumps(report, indent=2))

@@ -34,7 +34,7 @@ def test_copy_rows_name_their_target_and_keep_held_out_instances_apart():
     named[move] += 1
   assert set(named) == {"up", "down", "left", "right"}   # the named move varies
   assert len(data.held_out_keys) == 8
-  assert not {data.training_instance()[2] for _ in range(100)} & data.held_out_keys
+  assert not {data.training_instance()[1][2] for _ in range(100)} & data.held_out_keys
 
 
 @pytest.mark.slow

@@ -38,8 +38,12 @@ Until issue 14, `efficient` counted the losing step as waste (every lost Countdo
 inefficient) and `makes_progress`, `recovers_from_mistakes` and `uses_feedback` read the
 winning turn; docs/judges.md gives the tags' predictability per environment before and after.
 
-A vocabulary without some of these ids simply never gets them; a vocabulary with none of
-them is refused. Rule-based verdicts are never unjudged.
+An id `event.NAME` is an *event tag*: it applies when some turn reports the event NAME. Plug-in
+games name their own behaviours this way (rised_jax.envs.doors reports `opens_with_red` when
+its move opens the red door; its vocabulary's tag `event.opens_with_red` reads "Opens with
+red"), so a game-specific rubric needs no judge of its own. A vocabulary without some of the
+built-in ids simply never gets them; a vocabulary with neither built-in ids nor event tags is
+refused (its tags could never be set). Rule-based verdicts are never unjudged.
 """
 from __future__ import annotations
 
@@ -78,6 +82,14 @@ def event_names(turn: Turn) -> frozenset[str]:
   return frozenset(e.value if isinstance(e, Event) else str(e) for e in turn.events)
 
 
+EVENT_TAG = "event."   # the id prefix of an event tag (module docstring)
+
+
+def _event_rule(name: str) -> Callable[[Trajectory, Events], bool]:
+  """The rule of the event tag `event.NAME`: some turn reports the event NAME."""
+  return lambda traj, events: any(name in e for e in events)
+
+
 class RuleBasedJudge(Judge):
   """Tags rollouts by the rules in this module's table."""
 
@@ -108,10 +120,13 @@ class RuleBasedJudge(Judge):
         "irreversible_losing_step": self._irreversible_losing_step,
         "loses_ground": self._loses_ground,
     }
+    rules.update({tag: _event_rule(tag[len(EVENT_TAG):]) for tag in vocab.ids
+                  if tag.startswith(EVENT_TAG)})
     self.rules = {tag: rule for tag, rule in rules.items() if tag in vocab.ids}
     if not self.rules:
       raise ValueError(f"rules judge: vocabulary {vocab.source} has none of the ids it has rules "
-                       f"for; expected some of {sorted(rules)}")
+                       f"for; expected some of {sorted(rules)} or event tags "
+                       f"'{EVENT_TAG}NAME'")
     without_rule = [t for t in vocab.ids if t not in self.rules]
     if without_rule:
       log.info("rules judge: no rule for %s; these tags are never set", without_rule)

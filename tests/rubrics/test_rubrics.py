@@ -317,6 +317,22 @@ def test_rule_judge_on_user_vocabularies():
     RuleBasedJudge(foreign)
 
 
+def test_event_tags_apply_exactly_when_a_turn_reports_their_event():
+  vocab = Vocabulary.from_json_data(
+      [{"id": "event.opens_with_red", "polarity": "+", "description": "Opens with red"},
+       {"id": "event.opens_with_black", "polarity": "-", "description": "Opens with black"}],
+      "doors.json")   # only event tags: accepted, every tag can be set
+  judge = RuleBasedJudge(vocab)
+  cases = {(): [0, 0], ("opens_with_red",): [1, 0], ("opens_with_black",): [0, 1],
+           ("opens_with_red", "opens_with_black"): [1, 1], ("red",): [0, 0]}
+  for events, expected in cases.items():
+    np.testing.assert_array_equal(judge.verdict(trajectory([turn(*events, done=True)])).tags,
+                                  expected)
+  # The event may be reported on any turn, as an Event-like string.
+  later = trajectory([turn("progress"), turn("opens_with_red", done=True)])
+  np.testing.assert_array_equal(judge.verdict(later).tags, [1, 0])
+
+
 def test_judge_returns_tags_per_group_and_counts(vocab):
   cases = [RULE_CASES["clean success"][0], RULE_CASES["no turn at all"][0]]
   groups = [Group(Task("sokoban", 0), [cases[0]]), Group(Task("sokoban", 1), [cases[1]])]

@@ -1,0 +1,65 @@
+"""The RISED mechanism suite: one-move Doors games (rised_jax.envs.doors) in which the teacher,
+the guidance and the selection each have something to act on, by construction.
+
+  python -m rised_jax.warmstart runs/doors_model --game doors --avoid-share 0.25
+  python -m rised_jax.mechanisms precheck --model runs/doors_model     # before any RL
+  rised-train --config experiments/configs/mechanisms_rised.py:rised,teacher --workdir runs/m
+  rised-compare --config experiments/configs/mechanisms_rised.py --workdir runs/mech_rised \
+      --presets rised,grpo,grpo_matched,rised_no_teacher,rised_no_select,rised_no_guidance,\
+rised_generic_teacher --seeds 0,1,2,3,4 --jobs 2                  # docs/rised.md
+
+Argument (rised_jax.config_args): "PRESET[,SETTING]". SETTING:
+  teacher   (default) `doors`: 8 doors, the note in the observation names the winning one, a
+            random policy wins 1/8 of its rollouts, so with G = 4 most groups are all-failure.
+            A won rollout's positives are "Uses valid action syntax on every turn" and
+            "Opens with DOOR", which names this instance's winner: the teacher reads the
+            group's own positives (sources ("group",)), since another instance's door would
+            be false here. The warm-started model copies that line (the pre-check).
+  guidance  `trapdoors`: 4 doors and the black one, which never wins and which the system
+            prompt's example opens; its negative tag reads "Opens with black", so the hint
+            is "Avoid: Opens with black." (threshold 0.1: the trap must be hinted while it
+            is a recurring failure, not only once most rollouts take it).
+  suite     both games: learned at different rates (1/8 vs 1/5 by chance), so which groups
+            a batch holds matters to the selection; the comparison's setting.
+Held out: 32 instances per game (instance keys disjoint from training; each game has 64 or
+128 (door, size, shape) instances). The best constant policy wins the commonest door's share
+of them (`python -m rised_jax.mechanisms precheck` prints it).
+Hardware: 1 CPU core, about a minute per run (docs/rised.md, "Mechanism suite").
+"""
+from rised_jax import config as config_lib
+from rised_jax import config_args
+from rised_jax.envs import doors
+
+SETTINGS = {"teacher": ["doors"], "guidance": ["trapdoors"], "suite": ["doors", "trapdoors"]}
+
+
+def get_config(arg: str | None = None):
+  args = config_args.parse_arg(arg, algorithm="rised",
+                               setting=config_args.OneOf("teacher", "guidance", "suite"))
+  c = config_lib.default_config()
+  c.algorithm = args.algorithm
+  c.model.source = "runs/doors_model"   # python -m rised_jax.warmstart ... --game doors
+  c.envs.names = SETTINGS[args.setting]
+  c.envs.aliases = {name: doors.PATH for name in c.envs.names}
+  c.envs.difficulty = {name: doors.SUITE_GAMES[name] for name in c.envs.names}
+  c.judge.vocabulary = "rised_jax.envs.doors:VOCABULARY"
+  c.rollout.reply_prefix = "<answer>"   # as in the warm-start's prompts
+  c.rollout.group_size = 4
+  c.rollout.max_new_tokens_per_turn = 1
+  c.rollout.max_total_tokens = 192
+  c.rollout.max_batch = 64
+  c.rollout.prompt_buckets = [192]
+  c.rollout.new_token_buckets = [8]
+  c.select.pool_groups = 16   # K = 4B, as every RISED config
+  c.select.batch_groups = 4
+  c.teacher.options = dict(sources=("group",))
+  c.guidance.options = dict(rate=0.3, threshold=0.1, top_m=2)
+  c.step.beta = 1.0
+  c.step.chunk = 128
+  c.batching.prefix_multiple = 64
+  c.batching.response_multiple = 64
+  c.optim.learning_rate = 3e-3
+  c.train.steps = 30
+  c.train.checkpoint_every = c.train.steps   # a checkpoint costs more than a step here
+  c.eval.episodes_per_env = 32
+  return config_lib.apply_preset(c)
