@@ -17,7 +17,8 @@ open it.
              rollout played through the game and tagged by the rule judge). Holds at >= 0.3.
   guidance   on `trapdoors`, the trap's frequency p(black) under the student prompt, and
              under the student prompt with the hint `GuidanceMemory` shows once the trap's tag
-             is frequent ("Avoid: Opens with black."). Holds when the hint lowers it.
+             is frequent ("Avoid: Opens with black."). Holds when the failure recurs (above
+             the suite's hint threshold, GUIDANCE_THRESHOLD) and the hint lowers it.
   selection  on pools of the suite (K groups of G = 4 rollouts drawn from the student's own
              reply distribution on training instances of both games, played and tagged by the
              rule judge), the RISED selector's batch of B against a random batch of B:
@@ -53,6 +54,8 @@ SEED_OFFSET = 1_000_000   # config.eval.seed_offset
 HELD_OUT = 32             # config.eval.episodes_per_env
 TEACHER_BAR = 0.3
 GAP_RATIO_BAR = 0.5
+GUIDANCE_THRESHOLD = 0.1  # the suite's guidance.options.threshold
+GROUP_SIZE = 4            # the suite's rollout.group_size
 VOCABULARY = "rised_jax.envs.doors:VOCABULARY"
 
 
@@ -124,11 +127,12 @@ def teacher_check(model, chat: ChatFormat, vocab: Vocabulary) -> dict[str, float
   p_student = door_probabilities(model, chat, student, moves)[rows, wins]
   gap = float((p_teacher - p_student).mean())
   return {"teacher_p_win": float(p_teacher.mean()), "student_p_win": float(p_student.mean()),
+          "all_failure_groups": float(((1.0 - p_student) ** GROUP_SIZE).mean()),
           "teacher_minus_student": gap, "holds": gap >= TEACHER_BAR, "held_out": len(tasks)}
 
 
 def guidance_check(model, chat: ChatFormat, vocab: Vocabulary) -> dict[str, float | bool | str]:
-  memory = guidance.GuidanceMemory(vocab, threshold=0.1)
+  memory = guidance.GuidanceMemory(vocab, threshold=GUIDANCE_THRESHOLD)
   trap_tag = "event." + doors.EVENT.format(door=doors.TRAP)
   tasks = held_out("trapdoors")
   judge = RuleBasedJudge(vocab)
@@ -143,7 +147,8 @@ def guidance_check(model, chat: ChatFormat, vocab: Vocabulary) -> dict[str, floa
   hinted = door_probabilities(model, chat, [(join_system_text(env.system_prompt, hint), o)
                                             for o in observations], env.action_space())[:, trap]
   return {"hint": hint, "tag": trap_tag, "student_p_trap": float(plain.mean()),
-          "hinted_p_trap": float(hinted.mean()), "holds": bool(hinted.mean() < plain.mean()),
+          "hinted_p_trap": float(hinted.mean()),
+          "holds": bool(GUIDANCE_THRESHOLD < plain.mean() and hinted.mean() < plain.mean()),
           "held_out": len(tasks)}
 
 
@@ -156,7 +161,7 @@ def random_gap(profiles: np.ndarray, batch: int) -> float:
 
 
 def selection_check(model, chat: ChatFormat, vocab: Vocabulary, pools: int = 16,
-                    pool_groups: int = 16, batch_groups: int = 4, group_size: int = 4,
+                    pool_groups: int = 16, batch_groups: int = 4, group_size: int = GROUP_SIZE,
                     seed: int = 0) -> dict[str, float | bool]:
   rng = np.random.default_rng(seed)
   judge = RuleBasedJudge(vocab)
@@ -208,9 +213,11 @@ def lines(report: dict[str, dict]) -> list[str]:
          "held-out instances" for game, c in report["constant"].items()]
   out.append(f"teacher   {'holds' if t['holds'] else 'FAILS'}: p(win) teacher "
              f"{t['teacher_p_win']:.3f} - student {t['student_p_win']:.3f} = "
-             f"{t['teacher_minus_student']:.3f} (bar {TEACHER_BAR}; {t['held_out']} held out)")
+             f"{t['teacher_minus_student']:.3f} (bar {TEACHER_BAR}; {t['held_out']} held out); "
+             f"all-failure groups of {GROUP_SIZE}: {t['all_failure_groups']:.3f}")
   out.append(f"guidance  {'holds' if g['holds'] else 'FAILS'}: p(trap) {g['student_p_trap']:.3f}"
-             f" -> {g['hinted_p_trap']:.3f} with the hint {g['hint']!r}")
+             f" -> {g['hinted_p_trap']:.3f} with the hint {g['hint']!r} (needs > "
+             f"{GUIDANCE_THRESHOLD} before, lower after)")
   out.append(f"selection {'holds' if s['holds'] else 'FAILS'}: gap ratio {s['gap_ratio']:.3f} "
              f"of random's (bar {GAP_RATIO_BAR}; {s['pools']} pools); doors share of the batch "
              f"{s['rised_doors_share']:.3f} (random {s['random_doors_share']:.3f})")

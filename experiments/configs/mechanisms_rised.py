@@ -1,7 +1,7 @@
 """The RISED mechanism suite: one-move Doors games (rised_jax.envs.doors) in which the teacher,
 the guidance and the selection each have something to act on, by construction.
 
-  python -m rised_jax.warmstart runs/doors_model --game doors --avoid-share 0.25
+  python -m rised_jax.warmstart runs/doors_model --game doors --avoid-share 0.25 --prior-share 0.3
   python -m rised_jax.mechanisms precheck --model runs/doors_model     # before any RL
   rised-train --config experiments/configs/mechanisms_rised.py:rised,teacher --workdir runs/m
   rised-compare --config experiments/configs/mechanisms_rised.py --workdir runs/mech_rised \
@@ -9,8 +9,10 @@ the guidance and the selection each have something to act on, by construction.
 rised_generic_teacher --seeds 0,1,2,3,4 --jobs 2                  # docs/rised.md
 
 Argument (rised_jax.config_args): "PRESET[,SETTING]". SETTING:
-  teacher   (default) `doors`: 8 doors, the note in the observation names the winning one, a
-            random policy wins 1/8 of its rollouts, so with G = 4 most groups are all-failure.
+  teacher   (default) `doors`: 4 doors, the note in the observation names the winning one;
+            the warm-started student opens the system prompt's example door half the time
+            and another at random, so off the example's door a rollout wins about 1/8 of the
+            time and with G = 4 most such groups are all-failure (the pre-check measures it).
             A won rollout's positives are "Uses valid action syntax on every turn" and
             "Opens with DOOR", which names this instance's winner: the teacher reads the
             group's own positives (sources ("group",)), since another instance's door would
@@ -19,15 +21,16 @@ Argument (rised_jax.config_args): "PRESET[,SETTING]". SETTING:
             prompt's example opens; its negative tag reads "Opens with black", so the hint
             is "Avoid: Opens with black." (threshold 0.1: the trap must be hinted while it
             is a recurring failure, not only once most rollouts take it).
-  suite     both games: learned at different rates (1/8 vs 1/5 by chance), so which groups
-            a batch holds matters to the selection; the comparison's setting.
-Held out: 32 instances per game (instance keys disjoint from training; each game has 64 or
-128 (door, size, shape) instances). The best constant policy wins the commonest door's share
+  suite     both games: learned at different rates (the example's door wins a quarter of
+            `doors` and none of `trapdoors`), so which groups a batch holds matters to the
+            selection; the comparison's setting.
+Held out: 32 of the 64 (door, size, shape) instances per game (instance keys disjoint from
+training). The best constant policy wins the commonest door's share
 of them (`python -m rised_jax.mechanisms precheck` prints it).
 Hardware: 1 CPU core, about a minute per run (docs/rised.md, "Mechanism suite").
 """
 from rised_jax import config as config_lib
-from rised_jax import config_args
+from rised_jax import config_args, mechanisms
 from rised_jax.envs import doors
 
 SETTINGS = {"teacher": ["doors"], "guidance": ["trapdoors"], "suite": ["doors", "trapdoors"]}
@@ -44,22 +47,27 @@ def get_config(arg: str | None = None):
   c.envs.difficulty = {name: doors.SUITE_GAMES[name] for name in c.envs.names}
   c.judge.vocabulary = "rised_jax.envs.doors:VOCABULARY"
   c.rollout.reply_prefix = "<answer>"   # as in the warm-start's prompts
-  c.rollout.group_size = 4
+  c.rollout.group_size = mechanisms.GROUP_SIZE
   c.rollout.max_new_tokens_per_turn = 1
   c.rollout.max_total_tokens = 192
-  c.rollout.max_batch = 64
+  c.rollout.max_batch = 256
   c.rollout.prompt_buckets = [192]
   c.rollout.new_token_buckets = [8]
-  c.select.pool_groups = 16   # K = 4B, as every RISED config
-  c.select.batch_groups = 4
+  c.select.pool_groups = 32   # K = 4B, as every RISED config
+  c.select.batch_groups = 8
   c.teacher.options = dict(sources=("group",))
-  c.guidance.options = dict(rate=0.3, threshold=0.1, top_m=2)
-  c.step.beta = 1.0
+  c.guidance.options = dict(rate=0.3, threshold=mechanisms.GUIDANCE_THRESHOLD, top_m=2)
+  c.step.beta = 0.2   # at 1.0 the student went near-deterministic in 5 steps (entropy 0.17), which ended its exploration
+  # The warm-started weights teach: with the live teacher (the policy's own weights under the
+  # teacher prompt) RL on the student prompts wore away the copying within 12 steps (teacher
+  # valid-action mass 0.97 -> 0.02) and the student followed it onto "/".
+  c.step.teacher = "frozen"
   c.step.chunk = 128
   c.batching.prefix_multiple = 64
   c.batching.response_multiple = 64
   c.optim.learning_rate = 3e-3
-  c.train.steps = 30
+  c.train.steps = 60
   c.train.checkpoint_every = c.train.steps   # a checkpoint costs more than a step here
-  c.eval.episodes_per_env = 32
+  c.eval.episodes_per_env = mechanisms.HELD_OUT
+  c.eval.seed_offset = mechanisms.SEED_OFFSET
   return config_lib.apply_preset(c)

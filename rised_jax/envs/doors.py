@@ -11,16 +11,20 @@ What each RISED mechanism gets to act on, by construction:
              `event.opens_with_<door>` ("Opens with red", VOCABULARY) is a positive rubric of
              exactly the rollouts that opened that door, so the positives of a group's
              successful rollouts name the instance's winning door in the words the warm-start
-             (rised_jax.warmstart --env doors) teaches the model to copy. The tag holds for
+             (rised_jax.warmstart --game doors) teaches the model to copy. The tag holds for
              this instance only, so the suite's teacher reads the group's own positives
-             (`teacher.options.sources=("group",)`). With 8 doors a random policy wins 1/8 of
-             its rollouts: most groups of G = 4 are all-failure (0.875^4 = 0.59).
+             (`teacher.options.sources=("group",)`). The warm-start's prior (the example's
+             door half the time, `--prior-share`) makes reward sparse: off the example's door
+             a rollout wins about 1/8 of the time, and 0.875^4 = 0.59 of such groups of G = 4
+             are all-failure.
   guidance   with `trap=True` the black door is also a door, never the winner, and the
              system prompt's example opens it: a policy that copies the example opens it, a
-             recurring failure whose negative tag `event.opens_with_black` reads "Opens with
-             black" (hint: "Avoid: Opens with black.").
-  selection  two games of different size (aliases in the suite config) are learned at
-             different rates, so which groups a batch holds matters.
+             recurring failure (the warm-start's prior opens the example's door half the
+             time) whose negative tag `event.opens_with_black` reads "Opens with black" (hint:
+             "Avoid: Opens with black.").
+  selection  the two games (aliases in the suite config) are learned at different rates
+             (the example's door wins a quarter of `doors` and none of `trapdoors`), so which
+             groups a batch holds matters.
 
 One word per door and per detail, all in the system prompt or the observation, so the tiny
 model's word-level tokenizer has each as one token.
@@ -39,8 +43,10 @@ SHAPES = ("round", "square", "tall", "wide")
 EVENT = "opens_with_{door}"
 PATH = "rised_jax.envs.doors:Doors"
 # The mechanism suite's two games (aliases of Doors in experiments/configs/mechanisms_rised.py,
-# and the warm-start's `--game doors` prompts): 8 doors; 4 doors and the trap.
-SUITE_GAMES = {"doors": dict(doors=8), "trapdoors": dict(doors=4, trap=True)}
+# and the warm-start's `--game doors` prompts): 4 doors; the same 4 and the trap. Four, not
+# eight: with 8 doors the 2-layer tiny model had not learned, after 550 warm-start steps, to
+# copy the exact door a rubric line names (it told only which half of the doors it was in).
+SUITE_GAMES = {"doors": dict(doors=4), "trapdoors": dict(doors=4, trap=True)}
 
 
 def _entry(door: str, polarity: str) -> dict[str, str]:
