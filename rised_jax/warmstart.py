@@ -20,6 +20,20 @@ move's token after the teacher prompt whose line names it, minus that after the 
 (no teacher block); the mechanism suite needs it >= 0.3.
 
   python -m rised_jax.warmstart OUT_DIR [--steps 300] [--seed 0] [--batch 16] [--lr 3e-3]
+      [--game frozenlake|doors] [--avoid-share 0.0] [--prior-share 0.0]
+
+`--game doors` uses the prompts of the RISED mechanism suite's two Doors games
+(rised_jax.envs.doors; experiments/configs/mechanisms_rised.py) and its vocabulary; the named
+move is never the trap (no positive names it). `--avoid-share` turns that share of the trap
+game's rows into guidance rows (student prompt + "Avoid: Opens with black." -> a non-trap
+door), `--prior-share` that share of all rows into prior rows (student prompt -> the system
+prompt's example door half the time, else a random door): the suite's sparse reward and its
+recurring failure, by construction. The suite's model: `--game doors --steps 400
+--avoid-share 0.25 --prior-share 0.3` (seed 0: final loss 0.088, at the floor the random
+targets of the prior and guidance rows leave, ~0.089; held-out teacher p(win) 0.975 against
+the student's 0.119, 32 / 32 argmax right). With 8 doors instead of 4 the loss sat at the
+no-copying level (0.24) for 550 steps: the model told only which half of the doors the line
+named.
 
 Measured (seed 0, defaults, 2-core CPU, a few minutes): 300 steps give a held-out teacher
 p(win) of 0.992 against the student's 0.069 (difference 0.92, 32 / 32 argmax right).

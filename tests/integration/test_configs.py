@@ -25,7 +25,10 @@ AGENTIC_PRESETS = ["rised", "rised_no_select", "rised_no_teacher", "rised_no_gui
                                          ("tiny_cpu.py", ",easy"), ("tiny_cpu.py", ",signpost"),
                                          ("rised_qwen3_multienv.py", ",1.7b"),
                                          ("rised_qwen3_multienv.py", ",4b,tpu"),
-                                         ("rised_qwen3_multienv.py", ",4b,local")])
+                                         ("rised_qwen3_multienv.py", ",4b,local"),
+                                         ("mechanisms_rised.py", ",teacher"),
+                                         ("mechanisms_rised.py", ",guidance"),
+                                         ("mechanisms_rised.py", ",suite")])
 def test_config_loads_and_validates(name, extra, preset):
   config = load_config_file(CONFIGS / name, preset + extra)
   pipelines.validate(config)
