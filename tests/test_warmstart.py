@@ -48,3 +48,37 @@ def test_warm_start_makes_the_teacher_line_raise_the_winning_move():
   check = warmstart.precheck(model, tokenizer, data)
   assert check["teacher_minus_student"] >= 0.3, check
   assert check["teacher_argmax_wins"] >= 0.75 * check["held_out"], check
+
+
+def test_doors_rows_teach_the_line_the_hint_and_the_prior():
+  """--game doors: teacher rows name a non-trap door and target it; guidance rows (trap game
+  only) carry "Avoid: Opens with black." and target another door; prior rows are the student
+  prompt and target the system prompt's example door about half the time (else any door)."""
+  tokenizer = tiny.build_tokenizer(warmstart.tokenizer_words("doors"))
+  unk = tokenizer.hf_tokenizer.convert_tokens_to_ids("<|unk|>")
+  data = warmstart.Data(tokenizer, seed=1, held_out=4, game="doors", avoid_share=0.5,
+                        prior_share=0.4)
+  kinds = collections.Counter()
+  example_hits = 0
+  for _ in range(400):
+    prompt, target = data.row()
+    assert unk not in prompt + target
+    text = tokenizer.decode(prompt)
+    door = tokenizer.decode(target[:1])
+    assert door in ("red", "blue", "green", "white", "black")
+    if "Behaviours that succeed here" in text:
+      kinds["teacher"] += 1
+      assert door != "black" and f"Opens with {door} Doors" in text
+    elif "Avoid : Opens with black ." in text:
+      kinds["avoid"] += 1
+      assert door != "black" and "black" in text.split("Doors :")[1]
+    else:
+      kinds["prior"] += 1
+      example = text.split("Example : < answer >")[1].split()[0]
+      example_hits += door == example
+  assert kinds["prior"] == pytest.approx(0.4 * 400, abs=40)
+  assert kinds["avoid"] == pytest.approx(0.6 * 0.5 * 0.5 * 400, abs=30)   # trap game: half
+  # The example's door: 1/2 + 1/2 * (1/4 or 1/5) of prior rows.
+  assert 0.55 < example_hits / kinds["prior"] < 0.72
+  with pytest.raises(ValueError, match="prior_share=1.0; expected a fraction in \\[0, 1\\)"):
+    warmstart.Data(tokenizer, seed=1, held_out=4, game="doors", prior_share=1.0)

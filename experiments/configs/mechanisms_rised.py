@@ -1,12 +1,14 @@
 """The RISED mechanism suite: one-move Doors games (rised_jax.envs.doors) in which the teacher,
 the guidance and the selection each have something to act on, by construction.
 
-  python -m rised_jax.warmstart runs/doors_model --game doors --avoid-share 0.25 --prior-share 0.3
+  python -m rised_jax.warmstart runs/doors_model --game doors --steps 400 --avoid-share 0.25 \
+      --prior-share 0.3
   python -m rised_jax.mechanisms precheck --model runs/doors_model     # before any RL
   rised-train --config experiments/configs/mechanisms_rised.py:rised,teacher --workdir runs/m
-  rised-compare --config experiments/configs/mechanisms_rised.py --workdir runs/mech_rised \
-      --presets rised,grpo,grpo_matched,rised_no_teacher,rised_no_select,rised_no_guidance,\
-rised_generic_teacher --seeds 0,1,2,3,4 --jobs 2                  # docs/rised.md
+  rised-compare --config experiments/configs/mechanisms_rised.py:setting=suite \
+      --workdir runs/mech_rised --seeds 0,1,2,3,4 --jobs 2 --presets \
+      rised,rised_no_teacher,grpo,rised_no_guidance,rised_no_select,grpo_matched,rised_generic_teacher
+  (docs/rised.md, "Mechanism suite", has what ran and the results.)
 
 Argument (rised_jax.config_args): "PRESET[,SETTING]". SETTING:
   teacher   (default) `doors`: 4 doors, the note in the observation names the winning one;
