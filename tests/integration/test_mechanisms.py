@@ -7,8 +7,10 @@ pre-check is asserted first (a comparison only where it holds), then rised and r
 train from it with the same seed stream and are evaluated greedily on the same held-out
 instances. RISED must win more of them, by the exact one-sided Fisher test at 5 %, and beat the
 best constant policy with the lower end of its exact (Clopper-Pearson) 95 % interval.
-docs/rised.md ("Mechanism suite") gives how many of the seed streams 0-4 pass, and that the
-test fails with the teacher switched off (`rised_no_teacher` against itself).
+Measured (docs/rised.md, "Mechanism suite"): seed 0 passes (rised 32 / 32, rised_no_teacher
+15 / 32, p = 4.1e-7); with the teacher switched off (rised_no_teacher in rised's place) it
+fails. It passes on 1 of the 5 seed streams 0-4: on seeds 1-4 neither method leaves the
+example's door in 60 steps. The seed is the one stream known to pass, not a robust choice.
 """
 from __future__ import annotations
 
