@@ -49,8 +49,8 @@ from rised_jax.learn.batching import Row
 from rised_jax.rollout import engines
 from rised_jax.rollout.agent_loop import AgentLoop
 from rised_jax.rollout.base import SamplingParams
-from rised_jax.rollout.text import judge_options
 from rised_jax.rubrics import rule_judge
+from rised_jax.rubrics.engine_text import judge_options
 from rised_jax.teach import action_mass, positive
 from rised_jax.types import Group, GroupTags
 

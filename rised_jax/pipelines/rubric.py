@@ -63,9 +63,9 @@ from rised_jax.learn.batching import Row
 from rised_jax.rollout import engines
 from rised_jax.rollout.agent_loop import sampling_seed
 from rised_jax.rollout.base import GenerationRequest, SamplingParams, generate_or_none
-from rised_jax.rollout.text import judge_options
 from rised_jax.rubrics import criteria as criteria_lib
 from rised_jax.rubrics import registry
+from rised_jax.rubrics.engine_text import judge_options
 from rised_jax.stats import t_interval, wilson_interval
 from rised_jax.teach import cripo_prefix
 from rised_jax.types import Group, Task, Trajectory, Turn

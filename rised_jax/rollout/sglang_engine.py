@@ -65,7 +65,7 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
-from rised_jax.rollout import http_retry
+from rised_jax import http_retry
 from rised_jax.rollout.base import (EngineDefaults, GenerationFailed, GenerationRequest,
                                     GenerationResult, StopCheck)
 from rised_jax.checks import is_http_url, is_int, is_number

@@ -14,7 +14,7 @@ import transformers
 
 from tests.helpers.fake_sglang_server import FakeSGLangServer
 from rised_jax import model as rised_model
-from rised_jax.rollout import http_retry
+from rised_jax import http_retry
 from rised_jax.rollout.base import GenerationFailed, GenerationRequest, SamplingParams
 from rised_jax.rollout.sglang_engine import (SGLangEngine, SGLangError, SGLangGenerationFailed,
                                              parse_generate_response, validate_request)
