@@ -43,6 +43,7 @@ def _softmax(row):
   return e / e.sum()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reply_prefix", ["", "<answer>"])
 def test_pipeline_ratio_matches_a_numpy_reference(reply_prefix):
   """teacher_metrics against the model's full logits at each training row's last prefix
