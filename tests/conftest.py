@@ -28,16 +28,16 @@ import pytest
 _INTEGRATION = Path(__file__).resolve().parent / "integration"
 
 
-def pytest_configure(config):
-  """One persistent JAX compilation cache for the session, under pytest's cache dir (in every
-  process: the xdist workers and the runs the tests start inherit it), caching every executable
-  however fast it compiled: the tests compile the same tiny programs many times, and on CPU
-  compiling is most of a short run. Set before any test module imports jax; a test that needs a
-  cold cache sets or removes these variables itself (tests/integration/test_run_throughput.py).
-  A caller's own settings win."""
-  if config.cache is not None:
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
-                          str(config.cache.mkdir("jax_compilation_cache")))
+def pytest_configure():
+  """One persistent JAX compilation cache for every test process (the xdist workers and the runs
+  the tests start inherit it), caching every executable however fast it compiled: the tests
+  compile the same tiny programs many times, and on CPU compiling is most of a short run. The
+  directory is the runs' own default (`trainer.compilation_cache_dir`: $RISED_JAX_CACHE/jax), so
+  it stays warm across sessions and clones on one machine. Set before any test module imports
+  jax; a test that needs a cold cache sets or removes these variables itself
+  (tests/integration/test_run_throughput.py). A caller's own settings win."""
+  root = os.environ.get("RISED_JAX_CACHE", os.path.expanduser("~/.cache/rised_jax"))
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(root, "jax"))
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
