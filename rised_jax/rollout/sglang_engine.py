@@ -7,8 +7,8 @@ Talks only to the server's native API; the `sglang` package is never imported.
                    `output_ids` and `meta_info.output_token_logprobs`, so no text is ever
                    re-tokenised.
   update_weights   exports the model as an HF safetensors directory (one per version, the last
-                   `keep_versions` kept; only directories holding the `EXPORT_MARKER` file
-                   that every export writes are ever deleted) and POSTs
+                   `keep_versions` kept; only directories whose export manifest
+                   names the version, `VERSION_KEY`, are ever deleted) and POSTs
                    /update_weights_from_disk. The directory
                    must be readable by the server at the same path (same machine or a shared
                    filesystem; not a bucket URL). sglang-jax has no such endpoint: there,
@@ -74,7 +74,9 @@ log = logging.getLogger(__name__)
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 # Written into every version directory an export creates: pruning and re-exporting delete only
 # directories that hold it, never a `v<N>` someone else put in weight_dir.
-EXPORT_MARKER = ".rised_jax_export"
+# The export manifest's key (model.hf_io.export_manifest) naming the weights version a weight
+# sync wrote: pruning deletes only directories that carry it.
+VERSION_KEY = "weight_sync_version"
 # A log-prob may exceed 0 by this much (float32 rounding of a log-softmax near 0), no more.
 LOGPROB_SLACK = 1e-4
 
@@ -217,8 +219,11 @@ def parse_generate_response(response: Any, where: str = "/generate", *,
 
 
 def _is_export(path: str) -> bool:
-  """Whether `path` is a version directory a weight export wrote (it holds the marker)."""
-  return os.path.isfile(os.path.join(path, EXPORT_MARKER))
+  """Whether `path` is a version directory a weight sync wrote (its export manifest names
+  the version)."""
+  from rised_jax.model.hf_io import export_manifest  # noqa: PLC0415 (the model stack: JAX)
+  manifest = export_manifest(path)
+  return manifest is not None and is_int(manifest.get(VERSION_KEY))
 
 
 class SGLangEngine(EngineDefaults):
@@ -426,7 +431,9 @@ class SGLangEngine(EngineDefaults):
     target = os.path.join(self.weight_dir, f"v{version}")
     # The same name on every process: only process 0 uses it, but all must agree on it.
     staging = os.path.join(self.weight_dir, f".staging-v{version}")
-    dtype_kwargs = {} if self.export_dtype is None else {"dtype": self.export_dtype}
+    export_kwargs = {"note": {VERSION_KEY: version}}
+    if self.export_dtype is not None:
+      export_kwargs["dtype"] = self.export_dtype
 
     def clear_staging():
       shutil.rmtree(staging, ignore_errors=True)   # left by an interrupted export
@@ -434,18 +441,16 @@ class SGLangEngine(EngineDefaults):
     def publish():
       if os.path.isdir(target):
         if not _is_export(target):
-          raise SGLangError(f"{target} exists and was not written by a weight export (no "
-                            f"{EXPORT_MARKER} in it); it is left alone: move it, or give "
+          raise SGLangError(f"{target} exists and was not written by a weight sync (its "
+                            f"export manifest names no {VERSION_KEY}); it is left alone: "
+                            "move it, or give "
                             "config.rollout.sglang.weight_dir a directory of its own")
         shutil.rmtree(target)
-      with open(os.path.join(staging, EXPORT_MARKER), "w", encoding="utf-8") as marker:
-        marker.write(f"weights version {version}, exported by rised_jax for an SGLang server; "
-                     "deleted by the export's pruning\n")
       os.rename(staging, target)
 
     parallel.on_coordinator(clear_staging, f"clearing {staging}", SGLangError)
     try:
-      save_pretrained(model, self.tokenizer, staging, **dtype_kwargs)
+      save_pretrained(model, self.tokenizer, staging, **export_kwargs)
       parallel.on_coordinator(publish, f"renaming {staging} to {target}", SGLangError)
     finally:
       if parallel.is_coordinator():
@@ -502,7 +507,7 @@ class SGLangEngine(EngineDefaults):
 
   def _prune_exports(self, keep: str) -> None:
     """Deletes exported version directories beyond the newest `keep_versions` (never `keep`,
-    never one without the export marker)."""
+    never one whose manifest names no version)."""
     versions = sorted(
         (int(match.group(1)), name) for name in os.listdir(self.weight_dir)
         if (match := _VERSION_DIR.match(name))
