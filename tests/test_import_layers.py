@@ -155,10 +155,10 @@ def test_the_graph_sees_every_kind_of_import():
   """Hand-read modules: their top-level, lazy and `from package import module` imports."""
   assert GRAPH["rised_jax.envs.babyai"] == {"rised_jax.envs.base", "rised_jax.envs.suite_events",
                                              "rised_jax.envs.suites"}
-  # parallel and model are imported inside functions.
+  # parallel, model and model.hf_io are imported inside functions.
   assert GRAPH["rised_jax.rollout.sglang_engine"] == {
       "rised_jax.http_retry", "rised_jax.rollout.base", "rised_jax.checks", "rised_jax.parallel",
-      "rised_jax.model"}
+      "rised_jax.model", "rised_jax.model.hf_io"}
 
 
 @pytest.fixture
