@@ -56,6 +56,12 @@ def get_config(arg: str | None = None):
   # of scratch for 8 rows of 832 columns), so the B x G = 4 rows go through the step two at a
   # time (3.8 GiB).
   c.step.micro_batches = 2
+  # The six steps' batches are 4 x 320, 448 and 512 columns (prefix and response buckets):
+  # each a compile of the scanned 30-layer step (about 80 s on a busy 2-core machine). Widened
+  # to one 512-column bucket the step compiles once; the extra columns are left padding that
+  # costs the layers some time, but not the vocabulary head, which runs over the trained
+  # tokens only (learn/chunked.py).
+  c.batching.length_buckets = [512]
   c.optim.learning_rate = 1e-5
   c.train.steps = 6
   c.eval.episodes_per_env = 8
