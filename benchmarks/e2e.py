@@ -31,8 +31,9 @@ read bandwidth, load average before; the load after is recorded too), and each p
 are given as fractions of them (`limit_fraction`): the rollout's decode against the
 bandwidth bound (`flops.decode_read_bytes`: weights + the filled KV cache read per decode
 step), the step's model FLOPs (`flops.train_step_flops`) against the matmul rate. The agentic
-step reports its MFU (the trainer's padded-batch model FLOPs over its compile-free time,
-against the probed rate) and trained tokens per second of that time. On a shared 2-core
+step reports its MFU (model FLOPs with the vocabulary head over the columns the loss reads,
+as the step runs it, over its compile-free time, against the probed rate; the trainer's
+padded-batch count is beside it) and trained tokens per second of that time. On a shared 2-core
 machine read every figure with the load average.
 """
 from __future__ import annotations
@@ -231,12 +232,21 @@ def run_ours_agentic(args: argparse.Namespace, tokenizer,
     if metrics["skipped_nonfinite"]:
       raise RuntimeError(f"ours-agentic: the step at iteration {step} was non-finite")
     compute_s = metrics["time/throughput/step_compute_s"]
+    # The head runs over the columns the loss reads (learn/chunked.py): count those.
+    used = np.asarray(batch["loss_mask"]) > 0
+    if "distill_mask" in batch:
+      used = used | (np.asarray(batch["distill_mask"]) > 0)
+    rows, seq_len = np.shape(batch["input_ids"])
+    head_tflops = flops.train_step_flops(
+        model.cfg, rows, seq_len, flops.batch_forwards(batch, trainable.config.ref_kl_coef > 0),
+        head_positions=int(used[:, 1:].sum()))["total"] / 1e12
     timer("sync", lambda: trainer.sync_weights(run, step + 1))
     pipeline.observe(record)
     if step >= args.warmup:
       iterations.append(timer.seconds)
       tokens.append(int(np.asarray(batch["loss_mask"]).sum()))
-      step_work.append({"compute_s": compute_s, "tflops": metrics["throughput/model_tflops"],
+      step_work.append({"compute_s": compute_s, "tflops": head_tflops,
+                        "padded_batch_tflops": metrics["throughput/model_tflops"],
                         "trained_tokens": metrics["throughput/trained_tokens"],
                         "shape": list(np.shape(batch["input_ids"]))})
   out = summarize(iterations, tokens)

@@ -65,15 +65,19 @@ def decoder_forward_flops(cfg: ModelConfig, rows: int, seq_len: int,
 
 
 def train_step_flops(cfg: ModelConfig, rows: int, seq_len: int,
-                     teacher_forwards: int = 0) -> dict[str, float]:
+                     teacher_forwards: int = 0,
+                     head_positions: int | None = None) -> dict[str, float]:
   """Model FLOPs of one train step: forward + backward (3 × forward) of the student, plus
   `teacher_forwards` stop-gradient forwards of the same shape (the fused step's teacher).
 
-  Logits are needed at the T − 1 predicting columns of every row. Recomputation (the
-  chunked loss rematerialises its logits in the backward pass) is not model work and is not
-  counted, as usual for MFU.
+  Logits are needed at the T − 1 predicting columns of every row, or, with `head_positions`,
+  at that many columns in all (the step's head runs over the columns its loss reads only:
+  `learn.chunked`). Recomputation (the chunked loss rematerialises its logits in the backward
+  pass) is not model work and is not counted, as usual for MFU.
   """
   forward = decoder_forward_flops(cfg, rows, seq_len, seq_len - 1)
+  if head_positions is not None:
+    forward["unembed"] = 2.0 * cfg.hidden_size * cfg.vocab_size * head_positions
   factor = 3.0 + teacher_forwards
   parts = {name: factor * value for name, value in forward.items()}
   parts["total"] = sum(parts.values())

@@ -95,3 +95,14 @@ def test_limit_fraction_hand_worked():
   for seconds, rate in ((0.0, 1.0), (1.0, 0.0)):
     with pytest.raises(ValueError, match="seconds > 0"):
       flops.limit_fraction(1.0, seconds, rate)
+
+
+def test_step_flops_with_the_head_over_some_columns():
+  # The head over 4 columns in all instead of 3 rows · 5: unembed 2 · 16 · 50 · 4 = 6 400 per
+  # forward; the layers' FLOPs are those of the whole batch. Student + one teacher: 4 forwards.
+  full = flops.train_step_flops(CFG, 3, 6, teacher_forwards=1)
+  some = flops.train_step_flops(CFG, 3, 6, teacher_forwards=1, head_positions=4)
+  assert full["unembed"] == 4 * 2 * 16 * 50 * 3 * 5
+  assert some["unembed"] == 4 * 6_400
+  assert some["linear"] == full["linear"] and some["attention"] == full["attention"]
+  assert some["total"] == some["linear"] + some["attention"] + 4 * 6_400
