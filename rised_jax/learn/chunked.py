@@ -23,8 +23,8 @@ is not used. Student and teacher rows must be column-aligned (left-padded prefix
 
 Cost that follows the trained tokens. Given `positions` ([B, T], nonzero on the target columns
 whose statistics are used, e.g. loss_mask | distill_mask), each row's needed columns are first
-gathered to its front (in column order) and chunks past the longest row's count skip the
-vocabulary projection (a `lax.cond` in the scan, in the forward and the backward pass): the
+gathered to its front (in column order) and, when T − 1 spans more than one chunk, chunks
+past the longest row's count skip the vocabulary projection (a `lax.cond` in the scan, in the forward and the backward pass): the
 head's cost is B · ceil(max needed per row / chunk) · chunk positions, not B · (T − 1). The
 statistics of the other columns are 0.
 """
@@ -118,6 +118,9 @@ def _scan_chunks(chunk_fn: Callable[..., dict[str, Array]], rows: Sequence[Array
   columns = (targets[:, 1:], *(None if r is None else r[:, :-1] for r in rows))
   if positions is not None:
     needed = positions[:, 1:] > 0
+  # One chunk has nothing to skip: no packing then, only the unused columns zeroed.
+  packed = positions is not None and num_chunks > 1
+  if packed:
     # Stable: a row's needed columns first, in column order; `unpack` is the inverse.
     order = jnp.argsort(~needed, axis=1, stable=True)
     unpack = jnp.argsort(order, axis=1)
@@ -134,13 +137,15 @@ def _scan_chunks(chunk_fn: Callable[..., dict[str, Array]], rows: Sequence[Array
   def from_chunks(x: Array) -> Array:
     """[num_chunks, B, chunk] → [B, T]: drop the padding (unpack), put 0 in column 0."""
     x = jnp.swapaxes(x, 0, 1).reshape(x.shape[1], -1)[:, :predicted]
+    if packed:
+      x = _take_columns(x, unpack)
     if positions is not None:
-      x = jnp.where(needed, _take_columns(x, unpack), 0.0)
+      x = jnp.where(needed, x, 0.0)
     return jnp.pad(x, [(0, 0), (1, 0)])
 
   body = jax.checkpoint(chunk_fn, prevent_cse=False)
   xs = tuple(to_chunks(x) for x in columns)
-  if positions is None:
+  if not packed:
     step = lambda carry, x: (carry, body(*x))  # noqa: E731
   else:
     def step(carry, indexed):

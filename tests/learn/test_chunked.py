@@ -349,16 +349,18 @@ def test_positions_run_the_head_over_the_needed_chunks_only(data):
     jax.debug.callback(lambda: calls.append(1))
     return h @ data["w"]
 
-  def run(positions):
+  def run(positions, chunk=2):
     calls.clear()
     stats = jax.jit(lambda s: chunked.token_stats_chunked(
-        s, None, counting_head, data["targets"], chunk=2, positions=positions))(data["student"])
+        s, None, counting_head, data["targets"], chunk=chunk, positions=positions))(
+            data["student"])
     jax.block_until_ready(stats)
     return len(calls)
 
   assert run(None) == 6
   assert run(_positions()) == 2
   assert run(np.zeros((B, T), np.float32)) == 0
+  assert run(_positions(), chunk=16) == 1   # one chunk: nothing to skip, no packing
 
 
 def test_positions_shape_is_checked(data):
