@@ -145,7 +145,8 @@ def default_config() -> ml_collections.ConfigDict:
       k: v for k, v in dataclasses.asdict(train_step.StepConfig(beta=0.05)).items()
       if k not in STEP_KEYS_IN_TRAIN})
   c.optim = ml_collections.ConfigDict(dataclasses.asdict(train_step.OptimizerConfig()))
-  c.batching = ml_collections.ConfigDict(dict(prefix_multiple=64, response_multiple=128))
+  c.batching = ml_collections.ConfigDict(dict(prefix_multiple=64, response_multiple=128,
+                                              length_buckets=[]))
 
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
 
@@ -490,6 +491,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "select.batch_groups": _int_at_least(1),
     "batching.prefix_multiple": _int_at_least(1),
     "batching.response_multiple": _int_at_least(1),
+    "batching.length_buckets": _sizes(0),
     "train.steps": _int_at_least(0),
     "train.eval_every": (_int_at_least(0)[0], "an integer >= 0 (0: only before and after "
                                               "training)"),

@@ -153,6 +153,9 @@ DESCRIPTIONS: dict[str, str | tuple[str, str]] = {
     "batching.prefix_multiple": "teacher/student prefix columns are padded to a multiple of "
                                 "this (fewer step shapes to compile)",
     "batching.response_multiple": "response columns are padded to a multiple of this",
+    "batching.length_buckets": "total row widths (prefix + response columns): a batch is "
+                               "widened to the smallest that holds it, by left-padding the "
+                               "prefixes, so the step compiles once per bucket ([]: off)",
 
     # mesh
     "mesh.data": "data-parallel axis size",

@@ -234,7 +234,11 @@ class AgenticPipeline:
         valid.append(ids)
     if not valid:
       return {}
-    logits = action_mass.next_token_logits(model, student + teacher)
+    # One forward shape every step (it compiles once): rows for every trained group's two
+    # prompts, the engine's prompt buckets as widths.
+    logits = action_mass.next_token_logits(
+        model, student + teacher, rows=2 * self.config.select.batch_groups,
+        widths=self.config.rollout.prompt_buckets)
     mass = np.asarray([action_mass.valid_action_mass(row, valid[k % len(valid)])
                        for k, row in enumerate(logits)])
     student_mass, teacher_mass = mass[:len(valid)], mass[len(valid):]
