@@ -293,7 +293,8 @@ def train_seconds(records: Sequence[Mapping[str, Any]], steps: int,
                   where: str) -> tuple[float, float]:
   """(loop seconds, update seconds) of a run from its per-step metrics.jsonl records.
 
-  Loop seconds: the sum over steps 1..steps of the stages the trainer times (time/<stage>:
+  Loop seconds: the sum over steps 1..steps of the stages the trainer times (time/<stage>, not
+  the nested time/throughput/* rates and time/compile/* counters:
   roll-out, judge, advantages, select, teacher, batch, step, roll-out wait, weight sync),
   without evaluation (time/eval) and without a roll-out that ran in the background while the
   previous step trained (rollout/policy_lag = 1: its time overlaps the other stages). Update
@@ -317,8 +318,10 @@ def train_seconds(records: Sequence[Mapping[str, Any]], steps: int,
     background = _finite(record.get("rollout/policy_lag", 0.0), f"{where}: step {step} "
                          "rollout/policy_lag") > 0
     for key, value in record.items():
-      if not key.startswith("time/") or key == "time/eval" or (background
-                                                               and key == "time/rollout"):
+      # Stage timers are time/<stage>; time/throughput/* and time/compile/* are rates and
+      # counters, not seconds.
+      if (not key.startswith("time/") or key.count("/") != 1 or key == "time/eval"
+          or (background and key == "time/rollout")):
         continue
       loop += _finite(value, f"{where}: step {step} {key}")
     update += _finite(record["time/step"], f"{where}: step {step} time/step")

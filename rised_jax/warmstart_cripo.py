@@ -51,6 +51,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from rised_jax import warmstart
 from rised_jax.learn import cripo
 from rised_jax.model import from_config, save_pretrained, tiny
 from rised_jax.pipelines import rubric as rubric_pipeline
@@ -171,14 +172,6 @@ def counterfactual_prefix(tokenizer, task, answer: Sequence[str], criteria) -> l
       task.prompt, " ".join(answer), [c.text for c in criteria]), add_generation_prompt=True)
 
 
-def _loss(params, graphdef, rest, batch):
-  model = nnx.merge(graphdef, params, rest)
-  logp = jax.nn.log_softmax(model(batch["ids"], batch["mask"])[:, :-1])
-  nll = -jnp.take_along_axis(logp, batch["ids"][:, 1:, None], -1)[..., 0]
-  mask = batch["loss_mask"][:, :-1]
-  return (nll * mask).sum() / mask.sum()
-
-
 def train(steps: int, seed: int, batch_size: int, learning_rate: float, log_every: int = 100):
   """(model, tokenizer, loss history) after `steps` supervised steps."""
   tokenizer = tiny.build_tokenizer(tokenizer_words())
@@ -190,7 +183,8 @@ def train(steps: int, seed: int, batch_size: int, learning_rate: float, log_ever
 
   @jax.jit
   def step(params, opt_state, batch):
-    loss, grads = jax.value_and_grad(_loss)(params, graphdef, rest, batch)
+    # The copy task's loss: the masked next-token NLL of the target tokens.
+    loss, grads = jax.value_and_grad(warmstart._loss)(params, graphdef, rest, batch)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 

@@ -407,3 +407,11 @@ def test_comparison_reports_steps_to_grpo_rubric_final_score(tmp_path):
   assert "Steps to reach grpo_rubric's final `mean` (0.600" in text
   assert "| cripo | 2 | 2 | 2/2 | 2 | n/a |" in text
   assert "| grpo_rubric | - | 2 | 1/2 | - | n/a |" in text
+
+
+def test_train_seconds_sums_stage_timers_only():
+  # time/throughput/* (rates) and time/compile/* (counts) are not seconds of a stage.
+  records = [{"step": 1, "time/rollout": 1.0, "time/step": 2.0, "time/eval": 5.0,
+              "time/throughput/tokens_per_s": 700.0, "time/compile/cache_hits": 3.0},
+             {"step": 2, "time/rollout": 0.5, "time/step": 1.0, "rollout/policy_lag": 1.0}]
+  assert compare.train_seconds(records, 2, "metrics.jsonl") == (1.0 + 2.0 + 1.0, 3.0)
