@@ -33,6 +33,11 @@ each and written to warmstart_cripo.json):
 
   python -m rised_jax.warmstart_cripo OUT_DIR [--steps 800] [--seed 0] [--batch 32] [--lr 3e-3]
 
+Measured (seed 0, defaults, 2 shared CPU cores, about 10 minutes; docs/cripo.md "Mechanism
+suite"): final loss 1.60; injection pre-check 0.163 vs 0.131 (holds, weakly); counterfactual
+pre-check 0 of 12 tokens flip on 5 rows of 128 groups (fails: the teacher does not locate the
+named word).
+
 OUT_DIR is an HF checkpoint (`--config.model.source=OUT_DIR`; experiments/configs/
 mechanisms_cripo.py reads runs/cripo_warmstart by default).
 """
