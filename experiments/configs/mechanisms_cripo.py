@@ -14,7 +14,7 @@ list), -4 uses more than three words; reward normaliser "positive" (Z = 5), so
 pre-checks it prints). Unexplored criteria: "please" in every group until the policy says it,
 the first word where no rollout names it; suppressed: the second word in groups where
 first-word answers dominate. Reference scores on the held-out tasks (word_choice.trivial_scores):
-best prompt-blind answer 0.375, the warm-started behaviour (uniform over the list) 0.300, the
+best prompt-blind answer 0.378, the warm-started behaviour (uniform over the list) 0.300, the
 rule 1.0. docs/cripo.md "Mechanism suite" has the measured comparison.
 
 Argument (rised_jax.config_args): the preset, cripo (default), cripo_u, cripo_s or grpo_rubric.
