@@ -10,10 +10,11 @@ ordered lists of four words, 64 held out: every held-out task shows a list no tr
 shows). Rubric: +3 names the first listed word, +1 the second, +1 says "please" (outside every
 list), -4 uses more than three words; reward normaliser "positive" (Z = 5), so
 "<first> <second> please" scores 1. The model is the tiny one after `rised_jax.warmstart_cripo`
-(one or two random listed words, never "please"; it can read both teacher contexts: the
-pre-checks it prints). Unexplored criteria: "please" in every group until the policy says it,
-the first word where no rollout names it; suppressed: the second word in groups where
-first-word answers dominate. Reference scores on the held-out tasks (word_choice.trivial_scores):
+(trained to answer one or two random listed words, never "please"; measured, it spreads its
+first word over the whole pool and samples "please" now and then; the pre-checks it prints say
+how far it reads each teacher context). Unexplored criteria: "please" in most groups (95-98 %
+under grpo_rubric), the first word where no rollout names it; suppressed: the second word in
+groups where first-word answers dominate. Reference scores on the held-out tasks (word_choice.trivial_scores):
 best prompt-blind answer 0.378, the warm-started behaviour (uniform over the list) 0.300, the
 rule 1.0. docs/cripo.md "Mechanism suite" has the measured comparison.
 

@@ -12,13 +12,13 @@ Its rubric (weights exact; reward normaliser "positive", Z = 5):
   P  "Uses more than three words"       -4   a pitfall: listing everything does not pay
 
 so "<first> <second> please" scores 1. The warm-started student (`rised_jax.warmstart_cripo`)
-answers one or two random words of the list and never "please", which is what gives each branch
-something to act on:
+is trained to answer one or two random words of the list and never "please", which is what
+gives each branch something to act on:
 
-- unexplored criteria: C is met by no rollout of any group until the policy says "please" (the
-  injection teacher, told "misses: Uses the word please", can raise it; GRPO's reward never can,
-  since no sampled answer earns it), and A is unexplored in the groups where no rollout names
-  the first word;
+- unexplored criteria: C is met by no rollout in most groups (the injection teacher, told
+  "misses: Uses the word please", can raise it; GRPO's reward only where some rollout happens
+  to say it: measured, in 2-5 % of groups), and A is unexplored in the groups where no rollout
+  names the first word;
 - suppressed criteria: an answer naming the second word but not the first scores 1/5 while
   first-word answers score 3/5 or more, so in groups where A is common B's rollouts carry
   negative advantage (Σ A_i over B's rollouts < 0): the counterfactual teacher can locate B's
