@@ -15,10 +15,10 @@ so "<first> <second> please" scores 1. The warm-started student (`rised_jax.warm
 is trained to answer one or two random words of the list and never "please", which is what
 gives each branch something to act on:
 
-- unexplored criteria: C is met by no rollout in most groups (the injection teacher, told
-  "misses: Uses the word please", can raise it; GRPO's reward only where some rollout happens
-  to say it: measured, in 2-5 % of groups), and A is unexplored in the groups where no rollout
-  names the first word;
+- unexplored criteria: C is met by no rollout at first (the injection teacher, told "misses:
+  Uses the word please", can raise it; GRPO's reward only once some rollout happens to say it,
+  which the warm-started student does now and then: docs/cripo.md "Mechanism suite"), and A is
+  unexplored in the groups where no rollout names the first word;
 - suppressed criteria: an answer naming the second word but not the first scores 1/5 while
   first-word answers score 3/5 or more, so in groups where A is common B's rollouts carry
   negative advantage (Σ A_i over B's rollouts < 0): the counterfactual teacher can locate B's
