@@ -334,9 +334,11 @@ def test_rised_compare_end_to_end_tiny(tmp_path):
     progress = [json.loads(line) for line in lines if "progress/rollouts" in line][-1]
     assert progress["progress/rollouts"] == table["methods"][preset]["rollouts"][seed]
     assert progress["progress/agent_tokens"] == table["methods"][preset]["agent_tokens"][seed]
-    # Train seconds: every timed stage of the step records but evaluation (no async roll-outs).
+    # Train seconds: every timed stage (time/<stage>; not the time/throughput/* rates or the
+    # time/compile/* counts) of the step records but evaluation (no async roll-outs).
     timed = [json.loads(line) for line in lines if '"time/step"' in line]
-    loop = sum(v for r in timed for k, v in r.items() if k.startswith("time/") and k != "time/eval")
+    loop = sum(v for r in timed for k, v in r.items()
+               if k.split("/")[0] == "time" and len(k.split("/")) == 2 and k != "time/eval")
     assert table["methods"][preset]["train_seconds"][seed] == pytest.approx(loop)
     assert table["methods"][preset]["update_seconds"][seed] == pytest.approx(
         sum(r["time/step"] for r in timed))
