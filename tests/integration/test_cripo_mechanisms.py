@@ -24,7 +24,7 @@ RL_STEPS = 10
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0])   # one seed: ~2-3 CPU-minutes each; 5 of 5 streams pass
 def test_cripo_branches_act_on_the_mechanism_suite(tmp_path, seed):
   model, tokenizer, _ = warmstart_cripo.train(WARMSTART_STEPS, seed, 32, 3e-3, log_every=0)
   config = load_config_file(CONFIG, "cripo")
