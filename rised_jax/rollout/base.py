@@ -84,6 +84,11 @@ class Engine(Protocol):
   server_retries: int
   # Requests given up on after their retries, since the engine was built (0 in-process).
   failed_requests: int
+  # True when every process of a multi-process run must make the same `generate` calls (the
+  # in-process engine samples with one program over all hosts' devices); False when each
+  # process may send requests of its own (a server's client): the pipelines then split the
+  # roll-outs across processes (`pipelines.hosts`).
+  collective: bool
 
   def limits(self) -> EngineLimits:
     """The largest prompt and reply a request may have; checked at build time by each stage
@@ -115,6 +120,7 @@ class EngineDefaults:
 
   server_retries = 0
   failed_requests = 0
+  collective = False
 
   def limits(self) -> EngineLimits:
     return EngineLimits()
