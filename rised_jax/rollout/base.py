@@ -89,6 +89,9 @@ class Engine(Protocol):
   # process may send requests of its own (a server's client): the pipelines then split the
   # roll-outs across processes (`pipelines.hosts`).
   collective: bool
+  # Bytes the last `update_weights` moved to the sampler (an export's files, request bodies;
+  # 0 in-process, where the sampler takes the trainer's arrays).
+  last_sync_bytes: int
 
   def limits(self) -> EngineLimits:
     """The largest prompt and reply a request may have; checked at build time by each stage
@@ -121,6 +124,7 @@ class EngineDefaults:
   server_retries = 0
   failed_requests = 0
   collective = False
+  last_sync_bytes = 0
 
   def limits(self) -> EngineLimits:
     return EngineLimits()
