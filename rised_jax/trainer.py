@@ -451,11 +451,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     _train_steps(run, start, background)
   except BaseException:
     run.checkpointer.close()   # commits the saves of the steps that finished
+    run.log.flush()            # what a bucket log buffered since (shows where it failed)
     raise
   finally:
     background.shutdown(cancel_futures=True)   # no roll-out outlives the run
   if steps == 0:
     history.after = run_evaluation(run, 0)
+    run.log.flush()
     run.checkpointer.save(0, run.state, run.host_state())
   run.checkpointer.close()
   return _report(run.log, history)
@@ -526,6 +528,7 @@ def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) 
       profiler.after(steps)
       _stop_nonfinite(run, done)
     if done % config.train.checkpoint_every == 0 or done == steps:
+      run.log.flush()   # a bucket log's lines of this step precede its checkpoint
       run.checkpointer.save(done, run.state, run.host_state())
 
 
