@@ -157,14 +157,6 @@ class AgenticStep:
   error: BaseException | None = None
 
 
-def _require_groups(record: AgenticStep, num_tasks: int) -> AgenticStep:
-  if not record.pool:
-    raise RuntimeError(f"step {record.step}: every one of the {num_tasks} rollout groups was "
-                       "dropped because engine requests failed after their retries (see the "
-                       "log for the server's errors)")
-  return record
-
-
 class AgenticPipeline:
 
   def __init__(self, config, engine, tokenizer):
@@ -212,7 +204,7 @@ class AgenticPipeline:
               "rollout/env_errors": float(len(self.loop.env_errors))}
     record = AgenticStep(step=step, pool=tuple(pool), faults=faults)
     # A split roll-out is checked whole, after the judge's gather.
-    return record if self.split else _require_groups(record, len(tasks))
+    return record if self.split else hosts.require_groups(record, len(tasks))
 
   def judge(self, record: AgenticStep) -> AgenticStep:
     error = record.error
@@ -231,7 +223,7 @@ class AgenticPipeline:
         record, pool=whole.fields["pool"], tags=whole.fields["tags"],
         faults={k: whole.counters[k] for k in record.faults},
         judge_stats={k: whole.counters[k] for k in record.judge_stats})
-    return _require_groups(record, self.config.select.pool_groups)
+    return hosts.require_groups(record, self.config.select.pool_groups)
 
   def advantages(self, record: AgenticStep) -> AgenticStep:
     estimator = advantages_lib.ADVANTAGES[self.config.advantage]

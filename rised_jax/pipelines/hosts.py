@@ -8,7 +8,9 @@ collective (`parallel.allgather_objects`), every process's groups and per-group 
 (concatenated in process order: the pool the one-process run has, since the engine seeds
 depend on the task and rollout, never on the position) and its counters (summed), so
 selection and everything after it run on identical inputs on every process and the server
-sees each request once, however many hosts there are.
+sees each request once, however many hosts there are. The gather is the judge stage's, which
+the trainer runs in the foreground: a background roll-out (`rollout.async_rollouts`) makes no
+collective that could interleave with the train step's on some process and not on another.
 
 A failure on one process (an exception in its roll-out or judge) is carried to the gather
 instead of raised at once, so no process waits in the collective for one that has stopped:
@@ -34,6 +36,17 @@ class ShareFailed(RuntimeError):
 def splits(engine: Any) -> bool:
   """Whether the roll-outs are split: several processes and an engine each may call alone."""
   return jax.process_count() > 1 and not engine.collective
+
+
+def require_groups(record: T, num_tasks: int) -> T:
+  """`record` when its pool kept a group, else the error that every one of the step's
+  `num_tasks` groups was dropped (checked once for the whole pool: after the gather when
+  split)."""
+  if not record.pool:
+    raise RuntimeError(f"step {record.step}: every one of the {num_tasks} rollout groups was "
+                       "dropped because engine requests failed after their retries (see the "
+                       "log for the server's errors)")
+  return record
 
 
 def own_share(items: Sequence[T], split: bool) -> list[T]:

@@ -253,14 +253,6 @@ def _require(record: RubricStep, stage: str, **fields: Any) -> None:
                        "earlier stages set (order: roll_out, judge, advantages, select, teach)")
 
 
-def _require_groups(record: RubricStep, num_tasks: int) -> RubricStep:
-  if not record.pool:
-    raise RuntimeError(f"step {record.step}: every one of the {num_tasks} rollout groups was "
-                       "dropped because engine requests failed after their retries (see the "
-                       "log for the server's errors)")
-  return record
-
-
 def answer_seed(run_seed: int, task_set: str, index: int, task: rubric_tasks.RubricTask,
                 rollout: int) -> int:
   """The engine seed of one answer: `sampling_seed` over the key (set name, task index, task id),
@@ -353,7 +345,7 @@ class RubricPipeline:
     groups, faults = share
     record = RubricStep(step=step, pool=tuple(groups), faults=faults)
     # A split roll-out is checked whole, after the judge's gather.
-    return record if self.split else _require_groups(record, len(indices))
+    return record if self.split else hosts.require_groups(record, len(indices))
 
   def _roll_out_share(self, step: int, indices: Sequence[int]
                       ) -> tuple[list[Group], dict[str, float]]:
@@ -412,7 +404,7 @@ class RubricPipeline:
     record = dataclasses.replace(
         record, **whole.fields, faults={k: whole.counters[k] for k in record.faults},
         judge_stats={k: whole.counters[k] for k in record.judge_stats})
-    return _require_groups(record, self.config.select.batch_groups)
+    return hosts.require_groups(record, self.config.select.batch_groups)
 
   def _judge_share(self, record: RubricStep) -> RubricStep:
     tasks = [g.task for g in record.pool for _ in g.trajectories]

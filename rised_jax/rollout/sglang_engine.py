@@ -504,9 +504,11 @@ class SGLangEngine(EngineDefaults):
 
   def _update_from_tensors(self, model: Any, version: int) -> None:
     from rised_jax import parallel  # noqa: PLC0415
-    from rised_jax.model.hf_io import EXPORT_DTYPES, hf_state_dict  # noqa: PLC0415
+    from rised_jax.model.hf_io import EXPORT_DTYPES, hf_tensors  # noqa: PLC0415
     dtype = EXPORT_DTYPES[self.export_dtype or "float32"]
-    named = hf_state_dict(model, dtype)   # every process takes part in the gathers
+    # Every process takes part in the gathers; process 0 alone keeps the tensors.
+    named = {name: array for name, array in hf_tensors(model, dtype)
+             if parallel.is_coordinator()}
     lacks_endpoint = parallel.on_coordinator(
         lambda: self._post_tensors(named, version),
         f"SGLang loading weights version {version} by tensor", SGLangError)

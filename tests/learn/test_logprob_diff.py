@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-import optax
 
 from rised_jax import parallel
 from rised_jax.learn import batching, train_step
