@@ -193,8 +193,8 @@ class AgenticPipeline:
       hints = {env: self.guidance.hint(env) for env in self.config.envs.names}
     engine = self.loop.engine
     retries, failed = engine.server_retries, engine.failed_requests
-    pool, error = hosts.attempt(self.split, lambda: self.loop.run(
-        hosts.own_share(tasks, self.split), self.config.rollout.group_size, hints=hints,
+    pool, error = hosts.attempt(self.split, lambda: hosts.run_share(
+        self.loop, tasks, self.split, group_size=self.config.rollout.group_size, hints=hints,
         seed=self.config.seed * 1_000_003 + step))
     if error is not None:
       return AgenticStep(step=step, pool=(), error=error)
@@ -218,7 +218,7 @@ class AgenticPipeline:
       return record
     whole = hosts.gather(hosts.Share(fields={"pool": record.pool, "tags": record.tags},
                                      counters={**record.faults, **record.judge_stats},
-                                     error=error), record.step)
+                                     error=error), f"step {record.step}")
     record = dataclasses.replace(
         record, pool=whole.fields["pool"], tags=whole.fields["tags"],
         faults={k: whole.counters[k] for k in record.faults},
@@ -300,7 +300,7 @@ class AgenticPipeline:
     results, groups = evaluate.evaluate(
         self.eval_loop, self.config.envs.names, self.config.envs.difficulty.to_dict(),
         episodes=self.config.eval.episodes_per_env, seed_offset=self.config.eval.seed_offset,
-        seed=self.config.seed, samples=self.eval_samples)
+        seed=self.config.seed, samples=self.eval_samples, split=self.split)
     tags = (self.judge_backend.judge(groups)[0] if self.config.judge.backend == "rules"
             else None)
     self.eval_episodes = evaluate.episode_records(groups, tags, self.vocab)

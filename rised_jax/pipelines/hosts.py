@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 import jax
 
 from rised_jax import parallel
+from rised_jax.rollout.agent_loop import EnvironmentFailure
 
 T = TypeVar("T")
 
@@ -41,12 +42,29 @@ def splits(engine: Any) -> bool:
 def require_groups(record: T, num_tasks: int) -> T:
   """`record` when its pool kept a group, else the error that every one of the step's
   `num_tasks` groups was dropped (checked once for the whole pool: after the gather when
-  split)."""
-  if not record.pool:
-    raise RuntimeError(f"step {record.step}: every one of the {num_tasks} rollout groups was "
-                       "dropped because engine requests failed after their retries (see the "
-                       "log for the server's errors)")
-  return record
+  split, where a share that lost every group to environment errors is not yet a failure)."""
+  if record.pool:
+    return record
+  env_errors = int(record.faults.get("rollout/env_errors", 0))
+  if env_errors:
+    raise EnvironmentFailure(f"step {record.step}: every one of the {num_tasks} rollout groups "
+                             f"was dropped; {env_errors} episodes ended in an environment error "
+                             "(see the log), the others' engine requests failed")
+  raise RuntimeError(f"step {record.step}: every one of the {num_tasks} rollout groups was "
+                     "dropped because engine requests failed after their retries (see the "
+                     "log for the server's errors)")
+
+
+def run_share(loop: Any, tasks: Sequence[Any], split: bool, **options: Any) -> list:
+  """`loop.run(own_share(tasks), **options)` (an `AgentLoop`); when split, a share that lost
+  every group to environment errors is [] (its counters stay on the loop), not yet an
+  `EnvironmentFailure`: the whole pool is judged after the gather."""
+  try:
+    return loop.run(own_share(tasks, split), **options)
+  except EnvironmentFailure:
+    if not split:
+      raise
+    return []
 
 
 def own_share(items: Sequence[T], split: bool) -> list[T]:
@@ -75,7 +93,7 @@ def attempt(split: bool, fn: Callable[[], T]) -> tuple[T | None, BaseException |
     return None, error
 
 
-def gather(share: Share, step: int) -> Share:
+def gather(share: Share, what: str) -> Share:
   """Every process's share joined: fields concatenated in process order, counters summed.
   Raises on every process when any process's share failed."""
   parts = parallel.allgather_objects(
@@ -85,7 +103,7 @@ def gather(share: Share, step: int) -> Share:
   if share.error is not None:
     raise share.error
   if failed:
-    raise ShareFailed(f"step {step}: the roll-out or judge failed on process(es) "
+    raise ShareFailed(f"{what}: the roll-out or judge failed on process(es) "
                       f"{[p for p, _ in failed]} (first: {failed[0][1]}); process "
                       f"{jax.process_index()} stops too")
   fields = {name: tuple(x for part, _, _ in parts for x in part[name]) for name in share.fields}

@@ -400,7 +400,8 @@ class RubricPipeline:
     fields = ("pool", "verdicts", "unjudged")
     whole = hosts.gather(hosts.Share(
         fields={name: getattr(record, name) or () for name in fields},
-        counters={**record.faults, **(record.judge_stats or {})}, error=error), record.step)
+        counters={**record.faults, **(record.judge_stats or {})}, error=error),
+        f"step {record.step}")
     record = dataclasses.replace(
         record, **whole.fields, faults={k: whole.counters[k] for k in record.faults},
         judge_stats={k: whole.counters[k] for k in record.judge_stats})

@@ -6,7 +6,8 @@ split-roll-out tests (tests/integration/test_multihost_rollouts.py):
 
 Runs roll_out → judge → advantages → select → teach → rows for `--steps` steps (observing each)
 and writes, per step, the rows every process would train on (prefix and response ids,
-advantage, behaviour log-probs) and the step's metrics, as JSON.
+advantage, behaviour log-probs) and the step's metrics, then (agentic) the evaluation's results
+and episode records, as JSON.
 """
 from __future__ import annotations
 
@@ -81,9 +82,12 @@ def main() -> None:
     steps.append({"rows": rows, "chosen": list(record.chosen),
                   "metrics": pipeline.metrics(record)})
     pipeline.observe(record)
+  evaluation = None
+  if args.pipeline == "agentic":   # split across hosts too (the rubric one is not yet)
+    evaluation = {"results": pipeline.evaluate(), "episodes": pipeline.eval_episodes}
   engine.close()
   with open(args.out, "w", encoding="utf-8") as f:
-    json.dump(steps, f)
+    json.dump({"steps": steps, "evaluation": evaluation}, f)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Roll-outs split across hosts (`rised_jax.pipelines.hosts`): two CPU processes against the
 loopback SGLang server send each request once, as one process does, and both end each step
-with the one-process run's rows (tokens, advantages, behaviour log-probs) and counters."""
+with the one-process run's rows (tokens, advantages, behaviour log-probs) and counters, and
+(agentic) the same evaluation."""
 from __future__ import annotations
 
 import collections
@@ -62,9 +63,11 @@ def test_two_processes_send_each_request_once_and_agree_with_one(pipeline, tmp_p
   assert _request_keys(two_requests) == _request_keys(one_requests)
   assert max(_request_keys(one_requests).values()) == 1
   # Some chosen rollout has a non-zero advantage, so the equality below is about the values.
-  assert any(row["advantage"] != 0 for step in one for row in step["rows"])
+  assert any(row["advantage"] != 0 for step in one["steps"] for row in step["rows"])
   for output in two:
-    assert output == one   # rows, selection and every summed counter, step by step
+    # Rows, selection and every summed counter, step by step; the evaluation's pass rates and
+    # episode records (agentic).
+    assert output == one
 
 
 def test_a_failed_share_stops_every_process(tmp_path):
