@@ -93,6 +93,11 @@ def default_config() -> ml_collections.ConfigDict:
   # Where weight sync exports each version for the server to load: a directory on a filesystem
   # the SGLang host reads ("" = <workdir>/weights; needed when the workdir is a bucket URL).
   c.rollout.sglang.weight_dir = ""
+  # How the server gets each step's weights: "disk" (export to weight_dir, then
+  # /update_weights_from_disk; any server that reads that directory) or "tensor" (the tensors
+  # in /update_weights_from_tensor request bodies; a server on the same node, no disk).
+  c.rollout.sglang.weight_sync = "disk"
+  c.rollout.sglang.tensor_bucket_bytes = 512 << 20   # most tensor bytes in one request body
   c.rollout.group_size = 4                 # G
   c.rollout.temperature = 1.0
   c.rollout.top_p = 1.0
@@ -486,6 +491,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
                                  "a finite number of seconds > 0 (the deadline of one request)"),
     "rollout.sglang.retries": _int_at_least(0),
     "rollout.sglang.max_reply_bytes": (_int_at_least(1)[0], "an integer >= 1 (bytes)"),
+    "rollout.sglang.tensor_bucket_bytes": (_int_at_least(1)[0], "an integer >= 1 (bytes)"),
     "judge.max_new_tokens": _int_at_least(1),
     "select.pool_groups": _int_at_least(1),
     "select.batch_groups": _int_at_least(1),

@@ -437,6 +437,10 @@ def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig,
       approx_kl_old=(losses.reference_kl(jax.lax.stop_gradient(stats.logprob), old_logprobs,
                                          loss_mask, estimator="k3") * loss_mask).sum(),
   )
+  if "behaviour_logprobs" in mb:   # the sampler against π_old on the same tokens: a stale or
+    # wrong sampler (a weight sync that did not happen) shows here
+    metrics["logprob_diff"] = (jnp.abs(mb["behaviour_logprobs"] - old_logprobs)
+                               * loss_mask).sum()
 
   if config.distills:
     distill_mask = mb["distill_mask"].astype(jnp.float32)
@@ -579,6 +583,8 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
         "loss_tokens": tokens,
         "sequences": (loss_mask.sum(-1) > 0).sum().astype(jnp.float32),
     }
+    if "logprob_diff" in metric_sums:   # mean |log π_sampler − log π_old| per loss token
+      metrics["rollout/logprob_diff"] = per_token(metric_sums["logprob_diff"])
     if config.distills:
       # kept_frac: kept tokens over the injection rows' distillation tokens.
       distill_tokens = (batch["distill_mask"] > 0).sum().astype(jnp.float32)

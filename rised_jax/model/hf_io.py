@@ -216,7 +216,7 @@ def load_state_dict(model: Decoder, state: Mapping[str, np.ndarray],
       param.set_value(jnp.asarray(stack))
 
 
-def _hf_tensors(model: Decoder, dtype: np.dtype | None) -> Iterator[tuple[str, np.ndarray]]:
+def hf_tensors(model: Decoder, dtype: np.dtype | None) -> Iterator[tuple[str, np.ndarray]]:
   """(HF name, host array) per tensor in checkpoint order. A parameter sharded over several
   processes' devices is gathered, one parameter at a time (a layer-stacked one once, kept for
   all its rows): every process must consume this."""
@@ -236,7 +236,7 @@ def _hf_tensors(model: Decoder, dtype: np.dtype | None) -> Iterator[tuple[str, n
 def hf_state_dict(model: Decoder, dtype: np.dtype | None = None) -> dict[str, np.ndarray]:
   """The model's parameters as HF-named host arrays (optionally cast to `dtype`); on several
   processes every one must call it (the arrays are gathered)."""
-  return dict(_hf_tensors(model, dtype))
+  return dict(hf_tensors(model, dtype))
 
 
 def _some(names: list[str], limit: int = 8) -> str:
@@ -458,7 +458,7 @@ def save_pretrained(model: Decoder, tokenizer: Tokenizer | None, out_dir: str | 
   previous = parallel.on_coordinator(lambda: _prepare_export_dir(out_dir),
                                      f"preparing the export directory {out_dir}", ExportError)
   state = {}
-  for name, array in _hf_tensors(model, EXPORT_DTYPES[dtype]):
+  for name, array in hf_tensors(model, EXPORT_DTYPES[dtype]):
     if parallel.is_coordinator():   # the others only take part in the gathers
       state[name] = array
   parallel.on_coordinator(
