@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from rised_jax import envs
+from rised_jax.rollout import hosts
 from rised_jax.rollout.agent_loop import AgentLoop, EnvironmentFailure
 from rised_jax.rollout.env_pool import EnvError
 from rised_jax.stats import wilson_interval
@@ -152,9 +153,8 @@ def evaluate(loop: AgentLoop, env_names: Sequence[str],
              ) -> tuple[dict[str, dict[str, float]], list[Group]]:
   """Pass rate per environment on the held-out instances, and the evaluated groups; each
   environment's results hold its "env_errors". No hints: `loop.run(..., hints=None)`.
-  `split` (`pipelines.hosts.splits`): each process plays its share of the instances and all
+  `split` (`rollout.hosts.splits`): each process plays its share of the instances and all
   get every group, in order, and every environment error."""
-  from rised_jax.pipelines import hosts  # noqa: PLC0415  (the pipelines import this module)
   tasks = eval_tasks(env_names, difficulty, episodes, seed_offset)
   groups, error = hosts.attempt(split, lambda: hosts.run_share(
       loop, tasks, split, group_size=samples, hints=None, seed=seed, desc="eval"))

@@ -34,7 +34,7 @@ and the rollouts the judge left unjudged (`rollout/groups_dropped`, `rollout/ser
 request: the two counters sum to the faults met.
 
 Multi-host with a server engine: each process rolls out and judges its own share of the K
-groups and `judge` gathers them (`pipelines.hosts`), so every later stage sees the whole pool,
+groups and `judge` gathers them (`rollout.hosts`), so every later stage sees the whole pool,
 the same on every process, and the counters above are the sums over the processes.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ from rised_jax import envs, evaluate, rubrics, runlog, select, tasks, teach
 from rised_jax.config import step_config
 from rised_jax.learn import advantages as advantages_lib
 from rised_jax.learn.batching import Row
-from rised_jax.pipelines import hosts
+from rised_jax.rollout import hosts
 from rised_jax.rollout import engines
 from rised_jax.rollout.agent_loop import AgentLoop
 from rised_jax.rollout.base import SamplingParams

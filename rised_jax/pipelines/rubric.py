@@ -60,7 +60,7 @@ from rised_jax import tasks as tasks_lib
 from rised_jax.checks import is_int, named
 from rised_jax.learn import cripo
 from rised_jax.learn.batching import Row
-from rised_jax.pipelines import hosts
+from rised_jax.rollout import hosts
 from rised_jax.rollout import engines
 from rised_jax.rollout.agent_loop import sampling_seed
 from rised_jax.rollout.base import GenerationRequest, SamplingParams, generate_or_none
@@ -223,7 +223,7 @@ class RubricStep:
   cf_teacher_ids   per group, [G_k] counterfactual teacher prefixes                    (teach)
   teacher_stats    {"cripo/…": count} of the teacher stage                             (teach)
   error            a split roll-out's failure on this process, raised at the judge's gather
-                   on every process (`pipelines.hosts`)                              (roll_out)
+                   on every process (`rollout.hosts`)                              (roll_out)
   """
 
   step: int
@@ -292,7 +292,7 @@ class RubricPipeline:
     self.judge_backend = criteria_lib.make_criteria_judge(
         rc.judge.backend, **judge_options(rc.judge, engine, tokenizer))
     self.eval_episodes: list[dict[str, Any]] = []   # per-answer records: not kept yet
-    self.split = hosts.splits(engine)   # each process rolls out its share (`pipelines.hosts`)
+    self.split = hosts.splits(engine)   # each process rolls out its share (`rollout.hosts`)
 
   # ---- prompts ----------------------------------------------------------------------------
 
@@ -389,7 +389,7 @@ class RubricPipeline:
   def judge(self, record: RubricStep) -> RubricStep:
     """Verdicts r_ij per answer; each trajectory is replaced by one with R_i and success (every
     positive criterion met, no pitfall), both 0 / False where unjudged. A split roll-out's
-    shares are judged where they were rolled out, then gathered (`pipelines.hosts`)."""
+    shares are judged where they were rolled out, then gathered (`rollout.hosts`)."""
     error = record.error
     if error is None:
       judged, error = hosts.attempt(self.split, lambda: self._judge_share(record))

@@ -87,7 +87,7 @@ class Engine(Protocol):
   # True when every process of a multi-process run must make the same `generate` calls (the
   # in-process engine samples with one program over all hosts' devices); False when each
   # process may send requests of its own (a server's client): the pipelines then split the
-  # roll-outs across processes (`pipelines.hosts`).
+  # roll-outs across processes (`rollout.hosts`).
   collective: bool
   # Bytes the last `update_weights` moved to the sampler (an export's files, request bodies;
   # 0 in-process, where the sampler takes the trainer's arrays).

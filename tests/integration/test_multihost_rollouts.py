@@ -1,4 +1,4 @@
-"""Roll-outs split across hosts (`rised_jax.pipelines.hosts`): two CPU processes against the
+"""Roll-outs split across hosts (`rised_jax.rollout.hosts`): two CPU processes against the
 loopback SGLang server send each request once, as one process does, and both end each step
 with the one-process run's rows (tokens, advantages, behaviour log-probs) and counters, and
 (agentic) the same evaluation."""
