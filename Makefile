@@ -39,13 +39,18 @@ envs:
 	  $(SUDO) apt-get install -y -qq default-jre-headless; }
 	$(PIP) -e ".[$(SUITES)]"
 
+# Test processes (pytest-xdist): one per core of a 2-core machine; worksteal evens out the
+# long tests. PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
+PYTEST = $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
+
 # The full suite (CI), printing its 25 slowest tests.
 test: install-test
-	$(PY) -m pytest -q --durations=25 tests
+	$(PYTEST) --durations=25 tests
 
 # The development tier: unit tests only (no whole runs, subprocesses, servers or slow tests).
 test-fast:
-	$(PY) -m pytest -q --durations=10 -m "not slow and not integration and not subprocess and not sglang" tests
+	$(PYTEST) --durations=10 -m "not slow and not integration and not subprocess and not sglang" tests
 
 # Rewrites the lock from the current venv (after `make install-test` with upgraded ranges).
 lock:

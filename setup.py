@@ -39,7 +39,7 @@ EXTRAS_REQUIRE = {
                   "ipykernel>=7.4,<8", "nbconvert>=7.17,<8"],
     # The torch reference for logit parity tests only; the CPU build. Never a runtime dependency.
     "ref": ["torch==2.13.0"],
-    "test": ["pytest>=9.0.3,<10", "pytest-timeout>=2.4,<3"],
+    "test": ["pytest>=9.0.3,<10", "pytest-timeout>=2.4,<3", "pytest-xdist>=3.8,<4"],
     # Real environment suites (docs/environments.md); `make envs` installs all of
     # them and the Java runtime that scienceworld and textworld-express run in.
     "babyai": ["minigrid==3.2.0", "gymnasium==1.4.0", "pygame-ce==2.5.8"],

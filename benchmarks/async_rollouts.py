@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -86,7 +85,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   args = parse_args(argv)
   runs: dict[str, dict[str, Any]] = {}
-  load_before = os.getloadavg()
+  limits = common.probe_machine()
   for seed in args.seeds:
     for async_rollouts in (False, True):
       with tempfile.TemporaryDirectory() as tmp:
@@ -99,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   out = {"config": args.config, "seeds": args.seeds, "runs": runs,
          "wall_ratio_off_over_on": [a["wall_s"] / b["wall_s"] for a, b in zip(off, on)],
          "mean_success_difference_on_minus_off": float(np.mean(diffs)),
-         "load_average": {"before": load_before, "after": os.getloadavg()}}
+         "machine": common.machine_record(limits)}
   if len(diffs) > 1:
     out["difference_t_interval"] = list(stats.t_interval(diffs))
   common.write_json(args.out, out)

@@ -1,10 +1,15 @@
-"""Shared helpers of the learning-core benchmarks: timing, compiled-program statistics, the
-machine's matmul rate, analytic model FLOPs, model presets and JSON output.
+"""Shared helpers of the benchmarks: timing, compiled-program statistics, the machine's limits
+(matmul rate and memory bandwidth, `probe_machine`), analytic model FLOPs, model presets and
+JSON output.
 
 Conventions (see benchmarks/README.md):
 - Compile time is measured apart (`compile_jitted`: lower + compile, nothing run).
 - A step time is the median of `iters` calls after `warmup` calls, each blocked until ready.
 - Memory is the compiled executable's `memory_analysis()`; `memory_report` names its parts.
+- Every benchmark probes the machine in its own process (`probe_machine`: fp32 matmul rate,
+  read and copy bandwidth, the load average before) and records it with the load average after
+  (`machine_record`), so a time can be read as a fraction of the machine's limits
+  (`flops.limit_fraction`) on any machine, and a shared machine's load is on record.
 - Model FLOPs are counted analytically (`decoder_flops`); XLA's `cost_analysis()` is printed
   beside them as a cross-check only, because XLA counts the body of a `while` loop (a
   `lax.scan`, e.g. the chunked loss) once, whatever its trip count.
@@ -25,8 +30,11 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from rised_jax.learn.flops import (decoder_forward_flops, measure_matmul_rate,  # noqa: F401
-                                   nonembedding_params, train_step_flops)
+import jax.numpy as jnp
+
+from rised_jax.learn.flops import (decode_read_bytes, decoder_forward_flops,  # noqa: F401
+                                   limit_fraction, measure_matmul_rate, nonembedding_params,
+                                   train_step_flops)
 from rised_jax.model import ModelConfig
 
 
@@ -90,6 +98,52 @@ def machine_info() -> dict[str, Any]:
       "platform": platform.platform(), "python": sys.version.split()[0],
       "jax": jax.__version__,
   }
+
+
+def best_time(fn: Callable[[], Any], repeats: int) -> float:
+  """The fastest of `repeats` timed calls (after the caller's warm-up)."""
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+
+def measure_bandwidth(mib: int, repeats: int) -> float:
+  """Bytes/s of a jitted sum over a `mib` MiB float32 array (read-bound): the rate a decode
+  step's weight and KV-cache reads are bounded by."""
+  x = jnp.ones((mib * 2**20 // 4,), jnp.float32)
+  reduce = jax.jit(jnp.sum)
+  reduce(x).block_until_ready()
+  return x.nbytes / best_time(lambda: reduce(x), repeats)
+
+
+def measure_copy_bandwidth(mib: int, repeats: int) -> float:
+  """Bytes/s moved (read + write) by a jitted copy of a `mib` MiB float32 array."""
+  x = jnp.ones((mib * 2**20 // 4,), jnp.float32)
+  copy = jax.jit(lambda a: a + 1.0)   # one read and one write per element
+  copy(x).block_until_ready()
+  return 2 * x.nbytes / best_time(lambda: copy(x), repeats)
+
+
+def probe_machine(matmul_size: int = 1024, matmul_seconds: float = 1.0,
+                  bandwidth_mib: int = 256, repeats: int = 5) -> dict[str, Any]:
+  """The machine's limits, measured in this process before the benchmark runs: the fp32
+  [size²] matmul rate (`flops.measure_matmul_rate`), the read and copy bandwidth of a
+  `bandwidth_mib` MiB array (larger than the caches), and the load average before them."""
+  load_before = list(os.getloadavg())
+  matmul = measure_matmul_rate(matmul_size, matmul_seconds)
+  return {"load_average_before": load_before, "matmul": matmul,
+          "matmul_flops_per_s": matmul["flops_per_s"],
+          "read_bytes_per_s": measure_bandwidth(bandwidth_mib, repeats),
+          "copy_bytes_per_s": measure_copy_bandwidth(bandwidth_mib, repeats),
+          "bandwidth_array_mib": bandwidth_mib}
+
+
+def machine_record(limits: dict[str, Any]) -> dict[str, Any]:
+  """`machine_info` with the probed `limits` and the load average now (after the run)."""
+  return {**machine_info(), "limits": limits, "load_average_after": list(os.getloadavg())}
 
 
 def peak_rss_bytes() -> int:

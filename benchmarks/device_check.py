@@ -18,7 +18,7 @@ fails or a number is not finite):
            e.g. CPU).
   decode   the in-process sampler (JaxEngine, greedy) on the same model: decode tokens/s and
            bytes read per decode step (weights + KV cache) against the device's read
-           bandwidth, measured by a jitted reduction over a large array (benchmarks/sampler.py);
+           bandwidth, measured by a jitted reduction over a large array (benchmarks/common.py);
            greedy tokens must equal cache-free decoding's.
 """
 from __future__ import annotations
@@ -126,7 +126,7 @@ def decode(shape: dict[str, Any]) -> dict[str, Any]:
   from benchmarks import sampler  # noqa: PLC0415
   from rised_jax.model import from_config  # noqa: PLC0415
 
-  bandwidth = sampler.measure_bandwidth(shape["bandwidth_mib"], repeats=5)
+  bandwidth = common.measure_bandwidth(shape["bandwidth_mib"], repeats=5)
   model = from_config(common.model_config(shape["model"]), 0, dtype="bfloat16")
   args = argparse.Namespace(batch=shape["decode_batch"], prompt_len=shape["decode_prompt"],
                             new_tokens=shape["new_tokens"], repeats=3, naive_repeats=1)

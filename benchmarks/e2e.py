@@ -26,7 +26,15 @@ fp32), each: --warmup iterations (they compile), then --iters timed ones, stage 
 
 Reported: trained agent tokens per second of wall time (tokens with loss_mask 1 in the trained
 batch, per iteration), each stage's share of the iteration, and ours-common / tunix. The
-machine's load average is recorded: on a shared 2-core machine read the ratios with it.
+machine's limits are probed in this process first (`common.probe_machine`: fp32 matmul rate,
+read bandwidth, load average before; the load after is recorded too), and each part's stages
+are given as fractions of them (`limit_fraction`): the rollout's decode against the
+bandwidth bound (`flops.decode_read_bytes`: weights + the filled KV cache read per decode
+step), the step's model FLOPs (`flops.train_step_flops`) against the matmul rate. The agentic
+step reports its MFU (model FLOPs with the vocabulary head over the columns the loss reads,
+as the step runs it, over its compile-free time, against the probed rate; the trainer's
+padded-batch count is beside it) and trained tokens per second of that time. On a shared 2-core
+machine read every figure with the load average.
 """
 from __future__ import annotations
 
@@ -46,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
 
 from benchmarks import common, vs_tunix  # noqa: E402
 from rised_jax import config as config_lib, parallel, pipelines, trainer  # noqa: E402
@@ -71,6 +80,26 @@ class StageTimer:
     out = jax.block_until_ready(fn())
     self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
     return out
+
+
+def single_turn_limits(part: dict[str, Any], args: argparse.Namespace,
+                       limits: dict[str, Any]) -> dict[str, float]:
+  """The single-turn work's stages as fractions of the machine's limits (same work on both
+  sides, so the same bytes and FLOPs): rollout = decode bytes / bandwidth / rollout seconds,
+  step = model FLOPs / matmul rate / step seconds."""
+  cfg = common.model_config(PRESET)
+  rows = args.prompts * args.group_size
+  weights = sum(x.size for x in jax.tree.leaves(
+      nnx.state(from_config(cfg, 0), nnx.Param))) * 4   # float32
+  decode = common.decode_read_bytes(cfg, weights, rows, args.prompt_len, args.completion_len, 4)
+  step = common.train_step_flops(cfg, rows, args.prompt_len + args.completion_len)["total"]
+  stages = part["stage_s"]
+  update = stages["step"] if "step" in stages else stages["update"]
+  return {"decode_read_bytes": decode, "step_model_flops": step,
+          "rollout_of_bandwidth_bound": common.limit_fraction(
+              decode, stages["rollout"], limits["read_bytes_per_s"]),
+          "step_of_matmul_rate": common.limit_fraction(step, update,
+                                                       limits["matmul_flops_per_s"])}
 
 
 def summarize(iterations: list[dict[str, float]], trained_tokens: list[int]) -> dict[str, Any]:
@@ -171,7 +200,8 @@ def agentic_config(args: argparse.Namespace):
   return config
 
 
-def run_ours_agentic(args: argparse.Namespace, tokenizer) -> dict[str, Any]:
+def run_ours_agentic(args: argparse.Namespace, tokenizer,
+                     limits: dict[str, Any]) -> dict[str, Any]:
   config = agentic_config(args)
   pipelines.validate(config, num_devices=jax.device_count())
   hf = dict(common.MODEL_PRESETS[PRESET], vocab_size=tokenizer.vocab_size)
@@ -187,7 +217,7 @@ def run_ours_agentic(args: argparse.Namespace, tokenizer) -> dict[str, Any]:
   run = trainer.Run(config=config, tokenizer=tokenizer, trainable=trainable, state=state,
                     engine=engine, pipeline=pipeline, checkpointer=None, log=None,
                     history=trainer.RunHistory(), throughput=throughput)
-  iterations, tokens = [], []
+  iterations, tokens, step_work = [], [], []
   compiled: set = set()
   for step in range(args.warmup + args.iters):
     # The stages of trainer.train, in its order (no evaluation, logging or checkpoint).
@@ -201,14 +231,34 @@ def run_ours_agentic(args: argparse.Namespace, tokenizer) -> dict[str, Any]:
     metrics = timer("step", lambda: trainer.update(run, batch, compiled))
     if metrics["skipped_nonfinite"]:
       raise RuntimeError(f"ours-agentic: the step at iteration {step} was non-finite")
+    compute_s = metrics["time/throughput/step_compute_s"]
+    # The head runs over the columns the loss reads (learn/chunked.py): count those.
+    used = np.asarray(batch["loss_mask"]) > 0
+    if "distill_mask" in batch:
+      used = used | (np.asarray(batch["distill_mask"]) > 0)
+    rows, seq_len = np.shape(batch["input_ids"])
+    head_tflops = flops.train_step_flops(
+        model.cfg, rows, seq_len, flops.batch_forwards(batch, trainable.config.ref_kl_coef > 0),
+        head_positions=int(used[:, 1:].sum()))["total"] / 1e12
     timer("sync", lambda: trainer.sync_weights(run, step + 1))
     pipeline.observe(record)
     if step >= args.warmup:
       iterations.append(timer.seconds)
       tokens.append(int(np.asarray(batch["loss_mask"]).sum()))
+      step_work.append({"compute_s": compute_s, "tflops": head_tflops,
+                        "padded_batch_tflops": metrics["throughput/model_tflops"],
+                        "trained_tokens": metrics["throughput/trained_tokens"],
+                        "shape": list(np.shape(batch["input_ids"]))})
   out = summarize(iterations, tokens)
+  compute_s = float(np.median([w["compute_s"] for w in step_work]))
+  tflops = float(np.median([w["tflops"] for w in step_work]))
   out.update(envs=list(args.envs), pool_groups=args.pool_groups,
-             batch_groups=args.batch_groups, group_size=args.group_size)
+             batch_groups=args.batch_groups, group_size=args.group_size,
+             step_work=step_work, step_compute_s=compute_s,
+             step_mfu=common.limit_fraction(tflops * 1e12, compute_s,
+                                            limits["matmul_flops_per_s"]),
+             step_trained_tokens_per_s=float(np.median(
+                 [w["trained_tokens"] / w["compute_s"] for w in step_work])))
   return out
 
 
@@ -277,6 +327,7 @@ def main(argv: Sequence[str] | None = None, tokenizer=None) -> dict[str, Any]:
   args = parse_args(argv)
   if tokenizer is None:
     _, tokenizer = from_pretrained(args.tokenizer, "float32")
+  limits = common.probe_machine()
   parts: dict[str, Any] = {}
   if not args.skip_tunix:
     vs_tunix.ensure_venv(args.venv)
@@ -285,10 +336,13 @@ def main(argv: Sequence[str] | None = None, tokenizer=None) -> dict[str, Any]:
   print("ours, the same single-turn work ...", flush=True)
   parts["ours_common"] = run_ours_common(args)
   print("ours, RISED on multi-turn environments ...", flush=True)
-  parts["ours_agentic"] = run_ours_agentic(args, tokenizer)
-  result: dict[str, Any] = {"machine": common.machine_info(), "args": {
+  parts["ours_agentic"] = run_ours_agentic(args, tokenizer, limits)
+  for name in ("tunix", "ours_common"):
+    if name in parts:
+      parts[name]["limit_fractions"] = single_turn_limits(parts[name], args, limits)
+  result: dict[str, Any] = {"machine": common.machine_record(limits), "args": {
       k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-      "model": PRESET, **parts, "load_average_at_end": list(os.getloadavg())}
+      "model": PRESET, **parts}
   if "tunix" in parts:
     result["ratio_ours_common_over_tunix"] = (parts["ours_common"]["trained_tokens_per_s"] /
                                               parts["tunix"]["trained_tokens_per_s"])
@@ -296,8 +350,20 @@ def main(argv: Sequence[str] | None = None, tokenizer=None) -> dict[str, Any]:
   for name, part in parts.items():
     shares = ", ".join(f"{k} {v:.0%}" for k, v in part["stage_share"].items())
     print(f"{name:14s} {part['iteration_s']:8.3f} {part['trained_tokens_per_s']:13.1f}  {shares}")
+  for name in ("tunix", "ours_common"):
+    if name in parts:
+      fractions = parts[name]["limit_fractions"]
+      print(f"{name}: rollout {fractions['rollout_of_bandwidth_bound']:.1%} of the bandwidth "
+            f"bound, step {fractions['step_of_matmul_rate']:.1%} of the matmul rate")
+  agentic = parts["ours_agentic"]
+  print(f"ours_agentic step: MFU {agentic['step_mfu']:.1%}, "
+        f"{agentic['step_trained_tokens_per_s']:.1f} trained tokens/s (compile excluded)")
   if "ratio_ours_common_over_tunix" in result:
     print(f"ours / tunix on the same work: {result['ratio_ours_common_over_tunix']:.2f}x")
+  print(f"machine: {limits['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s fp32 matmul, "
+        f"{limits['read_bytes_per_s'] / 1e9:.2f} GB/s read; load average "
+        f"{limits['load_average_before']} before, {result['machine']['load_average_after']} "
+        "after")
   path = common.write_json(args.out, result)
   print(f"wrote {path}")
   return result

@@ -328,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
   for dotted, value in args.set.items():   # fails here, by name, before any run
     set_dotted(config, dotted, value)
   rows = [row for row in configurations(args.decode_chunk) if row["name"] in args.only]
-  machine = common.machine_info()
+  limits = common.probe_machine()
   with tempfile.TemporaryDirectory(prefix="main_job_changes_") as tmp:
     root = args.keep or Path(tmp)
     root.mkdir(parents=True, exist_ok=True)
@@ -342,8 +342,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
   if differing:
     print(f"ROLLOUTS DIFFER from the previous configuration in ({', '.join(differing)}): see "
           f"vs_previous in the JSON", file=sys.stderr)
-  result = {"machine": machine, "load_average_at_end": list(os.getloadavg()),
-            "config": args.config, "steps": args.steps, "eval_episodes": args.eval_episodes,
+  result = {"machine": common.machine_record(limits), "config": args.config, "steps": args.steps, "eval_episodes": args.eval_episodes,
             "overrides": args.set, "configurations": measured}
   path = common.write_json(args.out, result)
   print(f"wrote {path}")

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -59,6 +58,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from benchmarks.common import best_time, machine_record, probe_machine
+from rised_jax.learn.flops import kv_bytes_per_token
 from rised_jax.model import Decoder, ModelConfig, RopeConfig, from_config, from_pretrained
 from rised_jax.rollout.base import GenerationRequest, SamplingParams
 from rised_jax.rollout.jax_engine import JaxEngine
@@ -74,32 +75,6 @@ TINY_CONFIG = ModelConfig(
     model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
     num_heads=4, num_kv_heads=2, head_dim=16, layer_types=("full_attention",) * 2,
     rope=RopeConfig(theta=10_000.0), tie_word_embeddings=True)
-
-
-def best_time(fn: Callable[[], Any], repeats: int) -> float:
-  """The fastest of `repeats` timed calls (after the caller's warm-up)."""
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return min(times)
-
-
-def measure_bandwidth(mib: int, repeats: int) -> float:
-  """Bytes/s of a jitted sum over a `mib` MiB float32 array (read-bound)."""
-  x = jnp.ones((mib * 2**20 // 4,), jnp.float32)
-  reduce = jax.jit(jnp.sum)
-  reduce(x).block_until_ready()
-  return x.nbytes / best_time(lambda: reduce(x), repeats)
-
-
-def measure_copy_bandwidth(mib: int, repeats: int) -> float:
-  """Bytes/s moved (read + write) by a jitted copy of a `mib` MiB float32 array."""
-  x = jnp.ones((mib * 2**20 // 4,), jnp.float32)
-  copy = jax.jit(lambda a: a + 1.0)   # one read and one write per element
-  copy(x).block_until_ready()
-  return 2 * x.nbytes / best_time(lambda: copy(x), repeats)
 
 
 def naive_greedy(model: Decoder, prompts: np.ndarray, new_tokens: int) -> Callable[[], jax.Array]:
@@ -137,7 +112,7 @@ def param_bytes(model: Decoder) -> int:
 
 
 def kv_cache_bytes(cfg: ModelConfig, batch: int, slots: int, itemsize: int) -> int:
-  return 2 * cfg.num_layers * batch * slots * cfg.num_kv_heads * cfg.head_dim * itemsize
+  return batch * slots * kv_bytes_per_token(cfg, itemsize)
 
 
 def bench_model(name: str, model: Decoder, args: argparse.Namespace,
@@ -402,8 +377,8 @@ def main() -> None:
     parser.error(f"--new-tokens must be >= 2 (the decode step time needs two lengths), "
                  f"got {args.new_tokens}")
 
-  bandwidth = measure_bandwidth(args.bandwidth_mib, repeats=5)
-  copy_bandwidth = measure_copy_bandwidth(args.bandwidth_mib, repeats=5)
+  limits = probe_machine(bandwidth_mib=args.bandwidth_mib)
+  bandwidth, copy_bandwidth = limits["read_bytes_per_s"], limits["copy_bytes_per_s"]
   models = [("tiny random (2 layers, d=64, V=512)", from_config(TINY_CONFIG, 0))]
   if not args.skip_smollm2:
     if args.weights == "packaged":
@@ -452,9 +427,7 @@ def main() -> None:
             f"{row['speedup_wall_vs_before']:6.2f}x {row['speedup_cpu_vs_before']:5.2f}x "
             f"{row['decode_row_steps']:9d} {row['shared_prompt_tokens']:10d} "
             f"{row['agent_tokens']:9d} {str(row['same_rollouts_as_before']):>5s}")
-  result = {"device": jax.devices()[0].device_kind, "cpus": os.cpu_count(),
-            "platform": platform.platform(), "jax": jax.__version__,
-            "load_average_at_end": list(os.getloadavg()),
+  result = {"machine": machine_record(limits),
             "measured_bandwidth_bytes_per_s": bandwidth,
             "measured_copy_bandwidth_bytes_per_s": copy_bandwidth, "args": vars(args),
             "models": rows, "reuse_and_sharing": reuse_rows, "rollout_stage": stage}

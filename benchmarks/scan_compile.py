@@ -211,14 +211,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   args = parse_args(argv)
-  machine = common.machine_info()
+  limits = common.probe_machine()
   result = main_job(args) if args.main_job else depth_sweep(args)
   print_table(result)
+  machine = common.machine_record(limits)
   payload = {"benchmark": "scan_compile_main_job" if args.main_job else "scan_compile",
-             "machine": machine, "load_average_at_end": list(os.getloadavg()),
-             "args": vars(args), **result}
+             "machine": machine, "args": vars(args), **result}
   path = common.write_json(args.out, payload)
-  print(f"load average {machine['load_average_1_5_15']} at start; wrote {path}")
+  print(f"load average {limits['load_average_before']} before, "
+        f"{machine['load_average_after']} after; wrote {path}")
   return payload
 
 

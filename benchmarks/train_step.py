@@ -145,7 +145,7 @@ def bench_step(cfg: ModelConfig, config: step_lib.StepConfig,
       "xla_flops": xla_flops,
       "achieved_flops_per_s": achieved,
       "matmul": matmul,
-      "mfu": achieved / matmul["flops_per_s"],
+      "mfu": common.limit_fraction(flops["total"], median, matmul["flops_per_s"]),
       "mfu_cpu_time": flops["total"] / timing.cpu_median_s / matmul["flops_per_cpu_s"],
       "memory": memory,
       "process_peak_rss_bytes": common.peak_rss_bytes(),
@@ -243,16 +243,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   args = parse_args(argv)
-  machine = common.machine_info()
+  limits = common.probe_machine(args.matmul_size, args.matmul_seconds)
   models = [bench_model(preset, args) for preset in args.models]
   print_table(models)
-  result = {"benchmark": "train_step", "machine": machine,
-            "load_average_at_end": list(os.getloadavg()), "args": vars(args),
+  machine = common.machine_record(limits)
+  result = {"benchmark": "train_step", "machine": machine, "args": vars(args),
             "targets": {"fused_over_grpo_step_time_max": FUSED_OVER_GRPO_TARGET,
                         "smollm2_mfu_min": MFU_TARGET},
             "models": models}
   path = common.write_json(args.out, result)
-  print(f"load average {machine['load_average_1_5_15']} at start; wrote {path}")
+  print(f"load average {limits['load_average_before']} before, "
+        f"{machine['load_average_after']} after; wrote {path}")
   return result
 
 

@@ -140,8 +140,8 @@ def compare(preset: str, args: argparse.Namespace, python: Path,
       "config": preset, "tokens_per_step": tokens, "model_flops": flops, "rounds": rounds,
       "tunix_step_s": tunix_s, "ours_step_s": ours_s, "ours_cpu_step_s": ours_cpu_s,
       "tunix_tokens_per_s": tokens / tunix_s, "ours_tokens_per_s": tokens / ours_s,
-      "tunix_mfu": flops / tunix_s / matmul["flops_per_s"],
-      "ours_mfu": flops / ours_s / matmul["flops_per_s"],
+      "tunix_mfu": common.limit_fraction(flops, tunix_s, matmul["flops_per_s"]),
+      "ours_mfu": common.limit_fraction(flops, ours_s, matmul["flops_per_s"]),
       "speedup_ours_over_tunix": tunix_s / ours_s,
   }
 
@@ -185,9 +185,9 @@ def check_driver(parser: argparse.ArgumentParser, driver: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   args = parse_args(argv)
-  machine = common.machine_info()
   versions = ensure_venv(args.venv)
-  matmul = common.measure_matmul_rate(args.matmul_size, args.matmul_seconds)
+  limits = common.probe_machine(args.matmul_size, args.matmul_seconds)
+  matmul = limits["matmul"]
   results = [compare(preset, args, venv_python(args.venv), matmul) for preset in args.configs]
 
   print(f"{'config':14s} {'tunix ms':>9s} {'ours ms':>9s} {'ours cpu ms':>11s} "
@@ -201,12 +201,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   print(f"target: ours/tunix >= {SPEEDUP_TARGET}x; matmul rate "
         f"{matmul['flops_per_s'] / 1e9:.1f} GFLOP/s")
   args_json = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-  result = {"benchmark": "vs_tunix", "machine": machine,
-            "load_average_at_end": list(os.getloadavg()), "tunix_venv": versions,
+  machine = common.machine_record(limits)
+  result = {"benchmark": "vs_tunix", "machine": machine, "tunix_venv": versions,
             "args": args_json, "matmul": matmul, "target_speedup_min": SPEEDUP_TARGET,
             "configs": results}
   path = common.write_json(args.out, result)
-  print(f"load average {machine['load_average_1_5_15']} at start; wrote {path}")
+  print(f"load average {limits['load_average_before']} before, "
+        f"{machine['load_average_after']} after; wrote {path}")
   return result
 
 

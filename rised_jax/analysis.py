@@ -105,7 +105,9 @@ def load_run(workdir: str | os.PathLike[str]) -> Run:
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"load_run: workdir {workdir!r} is not a directory")
   names = (*runlog.JSONL_FILES, runlog.VOCABULARY_FILE, runlog.SUMMARY_FILE)
-  if not any(os.path.exists(os.path.join(workdir, name)) for name in names):
+  # A JSONL log copied from a bucket may be its shards alone (`runlog.shard_paths`).
+  if not any(os.path.exists(os.path.join(workdir, name + suffix)) for name in names
+             for suffix in ("", runlog.SHARDS_SUFFIX)):
     raise FileNotFoundError(f"load_run: {workdir!r} holds none of the run logs {list(names)}; "
                             "expected the workdir of a rised_jax run")
 

@@ -60,6 +60,9 @@ from rised_jax.checks import is_number
 
 METRICS = {"agentic": "pass_rate", "rubric": "score"}   # what a pipeline's table compares
 REFERENCES = ("rised", "cripo")   # default reference method, the first one present
+# Per pipeline, the baseline whose final score sets the "steps to reach" target (the CriPO
+# paper's "reaches GRPO's final score in about half the steps").
+TARGET_METHODS = {"agentic": "grpo", "rubric": "grpo_rubric"}
 MEAN = "mean"                      # the column of the unweighted mean over environments
 OUTPUTS = ("comparison.md", "comparison.json", "comparison.png")
 # Per run: what it cost (RunResult fields; the budget table's columns).
@@ -275,6 +278,9 @@ class RunResult:
   agent_tokens: int
   train_seconds: float    # the step loop outside evaluation (`train_seconds`)
   update_seconds: float   # the fused train steps alone (time/step)
+  # evaluated step -> the metric's unweighted mean over envs (every evaluation of the run,
+  # step 0 and config.train.eval_every included): what `steps_to_reach` reads.
+  history: Mapping[int, float] = dataclasses.field(default_factory=dict)
 
 
 def _finite(value: Any, where: str) -> float:
@@ -287,7 +293,8 @@ def train_seconds(records: Sequence[Mapping[str, Any]], steps: int,
                   where: str) -> tuple[float, float]:
   """(loop seconds, update seconds) of a run from its per-step metrics.jsonl records.
 
-  Loop seconds: the sum over steps 1..steps of the stages the trainer times (time/<stage>:
+  Loop seconds: the sum over steps 1..steps of the stages the trainer times (time/<stage>, not
+  the nested time/throughput/* rates and time/compile/* counters:
   roll-out, judge, advantages, select, teacher, batch, step, roll-out wait, weight sync),
   without evaluation (time/eval) and without a roll-out that ran in the background while the
   previous step trained (rollout/policy_lag = 1: its time overlaps the other stages). Update
@@ -311,8 +318,10 @@ def train_seconds(records: Sequence[Mapping[str, Any]], steps: int,
     background = _finite(record.get("rollout/policy_lag", 0.0), f"{where}: step {step} "
                          "rollout/policy_lag") > 0
     for key, value in record.items():
-      if not key.startswith("time/") or key == "time/eval" or (background
-                                                               and key == "time/rollout"):
+      # Stage timers are time/<stage>; time/throughput/* and time/compile/* are rates and
+      # counters, not seconds.
+      if (not key.startswith("time/") or key.count("/") != 1 or key == "time/eval"
+          or (background and key == "time/rollout")):
         continue
       loop += _finite(value, f"{where}: step {step} {key}")
     update += _finite(record["time/step"], f"{where}: step {step} time/step")
@@ -348,6 +357,8 @@ def load_run(workdir: str | os.PathLike) -> RunResult:
     if env in values:
       raise ValueError(f"{eval_path}: two evaluations of {env!r} at step {steps}")
     values[env] = _finite(record.get(metric), f"{eval_path}: step {steps}, {env!r} {metric!r}")
+  history = evaluation_history(runlog.read_jsonl(eval_path), metric, sorted(values),
+                               str(eval_path))
   rollouts = runlog.read_jsonl(workdir / runlog.ROLLOUTS_FILE)
   tokens = sum(int(_finite(r.get("agent_tokens"), f"{workdir / runlog.ROLLOUTS_FILE}: "
                            f"step {r.get('step')} agent_tokens")) for r in rollouts)
@@ -355,7 +366,21 @@ def load_run(workdir: str | os.PathLike) -> RunResult:
   loop, update = train_seconds(runlog.read_jsonl(metrics_path), int(steps), str(metrics_path))
   return RunResult(preset=str(preset), seed=int(seed), pipeline=pipeline, workdir=str(workdir),
                    values=values, steps=int(steps), rollouts=len(rollouts), agent_tokens=tokens,
-                   train_seconds=loop, update_seconds=update)
+                   train_seconds=loop, update_seconds=update, history=history)
+
+
+def evaluation_history(records: Sequence[Mapping[str, Any]], metric: str, envs: Sequence[str],
+                       where: str) -> dict[int, float]:
+  """step -> mean of `metric` over `envs`, for every step at which each of them was evaluated
+  (a resumed run may repeat a step's evaluation: the last one counts)."""
+  by_step: dict[int, dict[str, float]] = {}
+  for record in records:
+    if record.get("env") in envs and metric in record:
+      step = int(record["step"])
+      by_step.setdefault(step, {})[record["env"]] = _finite(
+          record[metric], f"{where}: step {step}, {record['env']!r} {metric!r}")
+  return {step: float(np.mean([v[e] for e in envs])) for step, v in sorted(by_step.items())
+          if set(v) == set(envs)}
 
 
 def find_runs(root: str | os.PathLike) -> list[Path]:
@@ -411,6 +436,37 @@ def paired_comparison(reference: Sequence[float], other: Sequence[float],
           "bootstrap_ci_high": boot.ci_high}
 
 
+def steps_to_reach(history: Mapping[int, float], target: float) -> int | None:
+  """The first evaluated step whose value is >= target (values equal to 12 decimals count as
+  reached, as ties do in `average_ranks`); None when no evaluation reaches it."""
+  for step in sorted(history):
+    if round(float(history[step]), 12) >= round(float(target), 12):
+      return int(step)
+  return None
+
+
+def steps_summary(steps: Sequence[int | None]) -> dict[str, Any]:
+  """Per-seed steps to the target: how many seeds reach it and the median over all seeds, a
+  seed that never reaches it counting as infinitely many steps (None when that is the median)."""
+  median = float(np.median([math.inf if s is None else s for s in steps]))
+  return {"values": list(steps), "reached": sum(s is not None for s in steps),
+          "median": median if math.isfinite(median) else None}
+
+
+def steps_to_target(per_seed_history: Mapping[str, Sequence[Mapping[int, float]]],
+                    target_method: str, target_final: Sequence[float]) -> dict[str, Any]:
+  """Steps each method's runs take to reach `target_method`'s mean final score, per seed, and
+  the ratio of medians target_method / method (> 1: fewer steps than the target method)."""
+  target = float(np.mean(target_final))
+  methods = {m: steps_summary([steps_to_reach(h, target) for h in histories])
+             for m, histories in per_seed_history.items()}
+  base = methods[target_method]["median"]
+  for summary in methods.values():
+    summary["speedup"] = (base / summary["median"] if base is not None and summary["median"]
+                          else None)
+  return {"method": target_method, "target": target, "methods": methods}
+
+
 def _pipeline_table(results: Sequence[RunResult], reference: str | None,
                     bootstrap_seed: int) -> dict[str, Any]:
   """The comparison of one pipeline's runs (every method on the same seeds and envs)."""
@@ -455,8 +511,12 @@ def _pipeline_table(results: Sequence[RunResult], reference: str | None,
       if m != reference:
         paired[m] = {c: paired_comparison(per_seed[reference][c], per_seed[m][c],
                                           bootstrap_seed) for c in columns}
+  target_method = TARGET_METHODS[results[0].pipeline]
+  reach = (steps_to_target({m: [by_key[m, s].history for s in seeds] for m in methods},
+                           target_method, per_seed[target_method][MEAN])
+           if target_method in methods else None)
   return {"metric": METRICS[results[0].pipeline], "reference": reference, "seeds": seeds,
-          "envs": envs, "methods": table, "paired": paired,
+          "envs": envs, "methods": table, "paired": paired, "steps_to_target": reach,
           "runs": [{"preset": r.preset, "seed": r.seed, "workdir": r.workdir} for r in results]}
 
 
@@ -532,7 +592,23 @@ def format_markdown(comparison: Mapping[str, Any]) -> str:
       lines += _markdown_table(["method", *columns], rows) + [""]
     else:
       lines += ["No paired tests: they need at least two seeds.", ""]
+    if t.get("steps_to_target"):
+      lines += _steps_lines(t["steps_to_target"], t["seeds"])
   return "\n".join(lines)
+
+
+def _steps_lines(reach: Mapping[str, Any], seeds: Sequence[int]) -> list[str]:
+  lines = [f"Steps to reach {reach['method']}'s final `mean` ({_number(reach['target'])}, its "
+           "mean over seeds): the first evaluated step (step 0 and every "
+           "config.train.eval_every) whose held-out `mean` is at least that; `-`: never. Median "
+           "over seeds, a seed that never reaches it counting as infinitely many steps; speed-up "
+           f"= {reach['method']}'s median / the method's.", ""]
+  rows = [[m, *("-" if v is None else str(v) for v in r["values"]), f"{r['reached']}/{len(seeds)}",
+           "-" if r["median"] is None else f"{r['median']:g}",
+           "n/a" if r["speedup"] is None else f"{r['speedup']:.2f}"]
+          for m, r in reach["methods"].items()]
+  return lines + _markdown_table(["method", *(f"seed {s}" for s in seeds), "reached", "median",
+                                  "speed-up"], rows) + [""]
 
 
 def _json_safe(tree: Any) -> Any:

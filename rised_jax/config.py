@@ -93,6 +93,11 @@ def default_config() -> ml_collections.ConfigDict:
   # Where weight sync exports each version for the server to load: a directory on a filesystem
   # the SGLang host reads ("" = <workdir>/weights; needed when the workdir is a bucket URL).
   c.rollout.sglang.weight_dir = ""
+  # How the server gets each step's weights: "disk" (export to weight_dir, then
+  # /update_weights_from_disk; any server that reads that directory) or "tensor" (the tensors
+  # in /update_weights_from_tensor request bodies; a server on the same node, no disk).
+  c.rollout.sglang.weight_sync = "disk"
+  c.rollout.sglang.tensor_bucket_bytes = 512 << 20   # most tensor bytes in one request body
   c.rollout.group_size = 4                 # G
   c.rollout.temperature = 1.0
   c.rollout.top_p = 1.0
@@ -145,7 +150,8 @@ def default_config() -> ml_collections.ConfigDict:
       k: v for k, v in dataclasses.asdict(train_step.StepConfig(beta=0.05)).items()
       if k not in STEP_KEYS_IN_TRAIN})
   c.optim = ml_collections.ConfigDict(dataclasses.asdict(train_step.OptimizerConfig()))
-  c.batching = ml_collections.ConfigDict(dict(prefix_multiple=64, response_multiple=128))
+  c.batching = ml_collections.ConfigDict(dict(prefix_multiple=64, response_multiple=128,
+                                              length_buckets=[]))
 
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
 
@@ -485,11 +491,13 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
                                  "a finite number of seconds > 0 (the deadline of one request)"),
     "rollout.sglang.retries": _int_at_least(0),
     "rollout.sglang.max_reply_bytes": (_int_at_least(1)[0], "an integer >= 1 (bytes)"),
+    "rollout.sglang.tensor_bucket_bytes": (_int_at_least(1)[0], "an integer >= 1 (bytes)"),
     "judge.max_new_tokens": _int_at_least(1),
     "select.pool_groups": _int_at_least(1),
     "select.batch_groups": _int_at_least(1),
     "batching.prefix_multiple": _int_at_least(1),
     "batching.response_multiple": _int_at_least(1),
+    "batching.length_buckets": _sizes(0),
     "train.steps": _int_at_least(0),
     "train.eval_every": (_int_at_least(0)[0], "an integer >= 0 (0: only before and after "
                                               "training)"),

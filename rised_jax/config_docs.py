@@ -53,6 +53,16 @@ DESCRIPTIONS: dict[str, str | tuple[str, str]] = {
     "rollout.sglang.weight_dir": "directory the SGLang host reads where weight sync exports "
                                  "each version (\"\" = `<workdir>/weights`; needed when the "
                                  "workdir is a bucket URL)",
+    "rollout.sglang.weight_sync": "how each step's weights reach the SGLang server: `disk` "
+                                  "(an export into weight_dir, loaded by "
+                                  "/update_weights_from_disk; any server that reads that "
+                                  "directory) or `tensor` (the tensors in "
+                                  "/update_weights_from_tensor request bodies, nothing "
+                                  "written; a server on the same node; a server without that "
+                                  "endpoint falls back to `disk` with a warning)",
+    "rollout.sglang.tensor_bucket_bytes": "most raw tensor bytes in one "
+                                          "/update_weights_from_tensor body (weight_sync="
+                                          "`tensor`); the model goes in several requests",
     "rollout.group_size": "G, rollouts per task (one group)",
     "rollout.temperature": "sampling temperature of training rollouts",
     "rollout.top_p": "nucleus sampling threshold (1.0: off)",
@@ -153,6 +163,9 @@ DESCRIPTIONS: dict[str, str | tuple[str, str]] = {
     "batching.prefix_multiple": "teacher/student prefix columns are padded to a multiple of "
                                 "this (fewer step shapes to compile)",
     "batching.response_multiple": "response columns are padded to a multiple of this",
+    "batching.length_buckets": "total row widths (prefix + response columns): a batch is "
+                               "widened to the smallest that holds it, by left-padding the "
+                               "prefixes, so the step compiles once per bucket ([]: off)",
 
     # mesh
     "mesh.data": "data-parallel axis size",

@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from rised_jax import envs
+from rised_jax.rollout import hosts
 from rised_jax.rollout.agent_loop import AgentLoop, EnvironmentFailure
 from rised_jax.rollout.env_pool import EnvError
 from rised_jax.stats import wilson_interval
@@ -148,10 +149,19 @@ def episode_records(groups: Sequence[Group], tags: Sequence[GroupTags] | None = 
 
 def evaluate(loop: AgentLoop, env_names: Sequence[str],
              difficulty: Mapping[str, Mapping[str, Any]], *, episodes: int, seed_offset: int,
-             seed: int = 0, samples: int = 1
+             seed: int = 0, samples: int = 1, split: bool = False
              ) -> tuple[dict[str, dict[str, float]], list[Group]]:
   """Pass rate per environment on the held-out instances, and the evaluated groups; each
-  environment's results hold its "env_errors". No hints: `loop.run(..., hints=None)`."""
+  environment's results hold its "env_errors". No hints: `loop.run(..., hints=None)`.
+  `split` (`rollout.hosts.splits`): each process plays its share of the instances and all
+  get every group, in order, and every environment error."""
   tasks = eval_tasks(env_names, difficulty, episodes, seed_offset)
-  groups = loop.run(tasks, group_size=samples, hints=None, seed=seed, desc="eval")
-  return add_env_errors(pass_rates(groups), tasks, loop.env_errors), groups
+  groups, error = hosts.attempt(split, lambda: hosts.run_share(
+      loop, tasks, split, group_size=samples, hints=None, seed=seed, desc="eval"))
+  errors = list(loop.env_errors) if error is None else []
+  if split:
+    whole = hosts.gather(hosts.Share(fields={"groups": tuple(groups or ()),
+                                             "env_errors": tuple(errors)}, error=error),
+                         "evaluation")
+    groups, errors = list(whole.fields["groups"]), list(whole.fields["env_errors"])
+  return add_env_errors(pass_rates(groups), tasks, errors), groups

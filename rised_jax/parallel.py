@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import pickle
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -267,3 +268,28 @@ def to_host(value: Any) -> np.ndarray:
   if isinstance(value, jax.Array) and not value.is_fully_addressable:
     return np.asarray(multihost_utils.process_allgather(value, tiled=True))
   return np.asarray(jax.device_get(value))
+
+
+def process_share(num_items: int) -> slice:
+  """This process's contiguous block of `num_items` items split over the processes, the first
+  `num_items % process_count` processes taking one more: concatenated in process order, the
+  blocks are the items in order (the whole range on one process)."""
+  count, index = jax.process_count(), jax.process_index()
+  base, extra = divmod(num_items, count)
+  start = index * base + min(index, extra)
+  return slice(start, start + base + (index < extra))
+
+
+def allgather_objects(value: Any) -> list[Any]:
+  """Every process's `value`, in process order, on every process (a collective: all must call
+  it, in the same order). Values travel pickled, padded to the longest, through one
+  `process_allgather` of bytes (after one of the lengths): meant for host data such as rollout
+  groups, between the processes of one job."""
+  if jax.process_count() == 1:
+    return [value]
+  blob = np.frombuffer(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.int32(blob.size))).reshape(-1)
+  padded = np.zeros(int(sizes.max()), np.uint8)
+  padded[:blob.size] = blob
+  gathered = np.asarray(multihost_utils.process_allgather(padded))
+  return [pickle.loads(gathered[p, :int(size)].tobytes()) for p, size in enumerate(sizes)]

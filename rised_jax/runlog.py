@@ -1,8 +1,14 @@
 """A run's logs: TensorBoard scalar events plus JSONL files, all in the workdir.
 
 `workdir` is a local directory or a bucket URL (gs://…): every file goes through
-`etils.epath`. Layout (every file is append-only and flushed after each call, so a killed run
-keeps everything it logged; a bucket backend that cannot append rewrites the object):
+`etils.epath`. In a local workdir every file is append-only and flushed after each call, so a
+killed run keeps everything it logged. Object stores cannot append (rewriting the object per
+line would cost O(N²) over a run): in a bucket workdir the JSONL lines are buffered and each
+`flush` (the trainer calls it before every checkpoint; `close` too) writes them as one new
+shard object per file, `<name>.parts/<index>.jsonl`, and closes the TensorBoard event file
+(the next event opens a new one). `read_jsonl` reads a file and its shards as one, so readers
+never see the difference; a killed run loses only what it logged after its last checkpoint,
+which a resume discards anyway (`rewind`). Layout:
 
   metrics.jsonl     one line per `scalars` call: {"step", "time" (unix), "wall" (seconds of
                     run time), <tag>: value, …}
@@ -22,6 +28,7 @@ keeps everything it logged; a bucket backend that cannot append rewrites the obj
   summary.json      the before/after pass-rate table (`write_summary`), also as results.md
   tensorboard/      TensorBoard event files (`tensorboard --logdir <workdir>/tensorboard`)
   *.discarded.jsonl what `rewind` moved out of the JSONL files above
+  *.jsonl.parts/    (bucket workdirs) the shards of the file of that name, read in name order
 
 TensorBoard events are written with tensorboard's own record writer and event protos (no
 TensorFlow). Each `RunLog` opens, at its first event, a fresh event file whose name sorts after
@@ -33,7 +40,9 @@ checkpoint committed: everything logged is forgotten). Everything logged for
 later steps (the work a killed run did after its last checkpoint) moves to the side files, and
 TensorBoard drops those events when it reads the START event at checkpoint_step + 1 (with
 `purge_orphaned_data`, its default; checked with its Python loaders and its Rust data server),
-so the logs read like those of an uninterrupted run.
+so the logs read like those of an uninterrupted run. In a bucket, `rewind` writes the kept
+lines back as the file itself and deletes its shards: a crash between the two leaves the kept
+lines of the shards twice (the next resume's `rewind` does not remove them).
 
 JSON values follow Python's `json` module: a non-finite scalar (a NaN loss) is written as NaN.
 """
@@ -82,6 +91,25 @@ JSONL_FILES = (METRICS_FILE, ROLLOUTS_FILE, EVAL_FILE, EVAL_EPISODES_FILE)
 _RESERVED_METRIC_KEYS = ("step", "time", "wall")
 _EVENT_FILE_PREFIX = "events.out.tfevents."
 _EVENT_FILE_TIME = re.compile(r"^events\.out\.tfevents\.(\d+)\.")
+SHARDS_SUFFIX = ".parts"
+_SHARD_NAME = re.compile(r"^(\d{8})\.jsonl$")
+_MAX_PENDING_BYTES = 32 << 20   # a bucket log flushes early past this much buffered text
+
+
+def is_bucket(path: str | os.PathLike[str]) -> bool:
+  """Whether `path` is in an object store (a URL), where files are written whole."""
+  return "://" in os.fspath(path)
+
+
+def shard_paths(path: str | os.PathLike[str]) -> list[epath.Path]:
+  """The shards of the JSONL file `path`, in order ([] when none): a bucket log writes them;
+  a local copy of a bucket's run (gsutil cp -r) has them too."""
+  path = epath.Path(path)
+  directory = path.parent / (path.name + SHARDS_SUFFIX)
+  if not directory.exists():
+    return []
+  return sorted((p for p in directory.iterdir() if _SHARD_NAME.match(p.name)),
+                key=lambda p: p.name)
 
 
 def discarded_name(name: str) -> str:
@@ -94,12 +122,14 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
   """The records of a JSONL file ([] if it does not exist).
 
   A malformed last line (a run killed while writing it) is skipped; a malformed line
-  elsewhere is an error naming the file and line.
+  elsewhere is an error naming the file and line. In a bucket the file's shards follow it
+  (module docstring); lines are numbered across them.
   """
   path = epath.Path(path)
-  if not path.exists():
+  parts = ([path] if path.exists() else []) + shard_paths(path)
+  if not parts:
     return []
-  lines = path.read_text(encoding="utf-8").split("\n")
+  lines = "".join(p.read_text(encoding="utf-8") for p in parts).split("\n")
   while lines and not lines[-1].strip():
     lines.pop()
   records = []
@@ -135,13 +165,17 @@ def _scalar(value: Any, key: str) -> float:
 
 
 def _append_text(path: epath.Path, text: str) -> None:
-  """Appends `text` to `path`; object stores without append get the object rewritten."""
-  try:
+  """Appends `text` to `path`: in place locally, as its next shard in a bucket (one object
+  written, whatever the file's size)."""
+  if not is_bucket(path):
     with path.open("a", encoding="utf-8") as f:
       f.write(text)
-  except NotImplementedError:
-    old = path.read_text(encoding="utf-8") if path.exists() else ""
-    path.write_text(old + text, encoding="utf-8")
+    return
+  shards = shard_paths(path)
+  index = int(_SHARD_NAME.match(shards[-1].name).group(1)) + 1 if shards else 0
+  directory = path.parent / (path.name + SHARDS_SUFFIX)
+  directory.mkdir(parents=True, exist_ok=True)
+  (directory / f"{index:08d}.jsonl").write_text(text, encoding="utf-8")
 
 
 def _vocabulary_entries(vocab: Vocabulary) -> list[dict[str, str]]:
@@ -196,7 +230,8 @@ class RunLog:
   """Writes a run's TensorBoard events and JSONL logs to `workdir` (a directory or bucket URL).
 
   With enabled=False (the non-zero processes of a multi-host run) every method validates its
-  arguments and returns as usual but nothing is written.
+  arguments and returns as usual but nothing is written. In a bucket workdir the JSONL lines
+  and TensorBoard events reach the bucket at `flush` and `close` (module docstring).
   """
 
   def __init__(self, workdir: str | os.PathLike[str], *, enabled: bool = True,
@@ -211,6 +246,9 @@ class RunLog:
     self._wall_offset = 0.0
     self._next_group: dict[int, int] = {}   # step -> index of the next group logged at it
     self._events: _EventFile | None = None
+    self._buffered = is_bucket(workdir)
+    self._pending: dict[str, list[str]] = {}   # file name -> text not yet in the bucket
+    self._pending_bytes = 0
     # A `wandb_log.WandbScalars` (train.wandb=True): gets every scalar TensorBoard gets.
     self._wandb = wandb if self.enabled else None
     if self.enabled:
@@ -235,7 +273,20 @@ class RunLog:
   def __exit__(self, *exc_info: Any) -> None:
     self.close()
 
+  def flush(self) -> None:
+    """Writes what a bucket log buffered: one shard per JSONL file, and the event file closed
+    (so it is uploaded; the next event opens another). Nothing to do in a local workdir."""
+    if not self._buffered:
+      return
+    pending, self._pending, self._pending_bytes = self._pending, {}, 0
+    for name, texts in pending.items():
+      _append_text(self.path(name), "".join(texts))
+    if self._events is not None:
+      self._events.close()
+      self._events = None
+
   def close(self) -> None:
+    self.flush()
     if self._events is not None:
       self._events.close()
       self._events = None
@@ -250,8 +301,15 @@ class RunLog:
 
   def _append(self, name: str, records: Iterable[Mapping[str, Any]]) -> None:
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    if self.enabled and text:
+    if not (self.enabled and text):
+      return
+    if not self._buffered:
       _append_text(self.path(name), text)
+      return
+    self._pending.setdefault(name, []).append(text)
+    self._pending_bytes += len(text)
+    if self._pending_bytes > _MAX_PENDING_BYTES:
+      self.flush()
 
   def scalars(self, step: int, values: Mapping[str, Any], *, prefix: str = "") -> None:
     """Logs named scalars at `step`: TensorBoard tags and one metrics.jsonl line.
@@ -398,6 +456,7 @@ class RunLog:
     step = -1 if step is None else _check_step(step, "rewind")
     if not self.enabled:
       return
+    self.flush()
     for name in JSONL_FILES:
       kept_last = self._split_file(name, step)
       if name == METRICS_FILE and kept_last is not None:
@@ -411,9 +470,12 @@ class RunLog:
   def _split_file(self, name: str, step: int) -> dict[str, Any] | None:
     """Moves the lines of `name` logged after `step` to the side file; returns the last kept."""
     path = self.path(name)
-    if not path.exists():
+    shards = shard_paths(path)
+    parts = ([path] if path.exists() else []) + shards
+    if not parts:
       return None
-    lines = [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+    lines = [line for part in parts for line in part.read_text(encoding="utf-8").split("\n")
+             if line.strip()]
     kept, moved, last = [], [], None
     for line in lines:
       try:
@@ -436,6 +498,8 @@ class RunLog:
     tmp = self.path(name + ".tmp")
     tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
     tmp.replace(path)
+    for shard in shards:   # their kept lines are in the file now
+      shard.unlink()
     return last
 
   def eval_episodes(self, step: int, records: Sequence[Mapping[str, Any]]) -> None:

@@ -182,7 +182,9 @@ def _engine(config: ml_collections.ConfigDict, model, tokenizer):
                       max_retries=config.rollout.sglang.retries,
                       max_reply_bytes=config.rollout.sglang.max_reply_bytes,
                       vocab_size=model.cfg.vocab_size,
-                      export_dtype=config.model.compute_dtype)
+                      export_dtype=config.model.compute_dtype,
+                      weight_sync=config.rollout.sglang.weight_sync,
+                      tensor_bucket_bytes=config.rollout.sglang.tensor_bucket_bytes)
 
 
 def _weight_dir(config: ml_collections.ConfigDict) -> str:
@@ -391,12 +393,16 @@ def _compile_events():
     jax.monitoring.unregister_event_listener(on_event)
 
 
-def sync_weights(run: Run, version: int) -> None:
+def sync_weights(run: Run, version: int) -> dict[str, float]:
   """The sampler must see the new parameters (the step donated the old buffers), in the compute
-  dtype: the in-process sampler holds them, the SGLang engine exports them. With async
-  rollouts the sampler holds its own copy: it samples step t + 1 while step t donates them."""
+  dtype: the in-process sampler holds them, the SGLang engine exports or sends them. With async
+  rollouts the sampler holds its own copy: it samples step t + 1 while step t donates them.
+  Returns sync/seconds and sync/bytes (`Engine.last_sync_bytes`)."""
+  start = time.perf_counter()
   model = run.trainable.compute_model(run.state, copy=run.config.rollout.async_rollouts)
   run.engine.update_weights(model, version)
+  return {"sync/seconds": time.perf_counter() - start,
+          "sync/bytes": float(run.engine.last_sync_bytes)}
 
 
 def may_prefetch(config: ml_collections.ConfigDict, step: int) -> bool:
@@ -445,11 +451,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     _train_steps(run, start, background)
   except BaseException:
     run.checkpointer.close()   # commits the saves of the steps that finished
+    run.log.flush()            # what a bucket log buffered since (shows where it failed)
     raise
   finally:
     background.shutdown(cancel_futures=True)   # no roll-out outlives the run
   if steps == 0:
     history.after = run_evaluation(run, 0)
+    run.log.flush()
     run.checkpointer.save(0, run.state, run.host_state())
   run.checkpointer.close()
   return _report(run.log, history)
@@ -497,7 +505,7 @@ def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) 
     metrics.update({f"train/skipped_{reason}": v for reason, v in skipped.items()})
     history.nonfinite_streak = history.nonfinite_streak + 1 if any(skipped.values()) else 0
     with timer("sync"):
-      sync_weights(run, step + 1)
+      metrics.update(sync_weights(run, step + 1))
     p.observe(record)
     done = step + 1
     failed = history.nonfinite_streak >= config.train.max_nonfinite_steps
@@ -520,6 +528,7 @@ def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) 
       profiler.after(steps)
       _stop_nonfinite(run, done)
     if done % config.train.checkpoint_every == 0 or done == steps:
+      run.log.flush()   # a bucket log's lines of this step precede its checkpoint
       run.checkpointer.save(done, run.state, run.host_state())
 
 

@@ -20,11 +20,33 @@ and equal basenames in different folders do not clash. No test file imports anot
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 _INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
+def pytest_configure():
+  """One persistent JAX compilation cache for every test process (the xdist workers and the runs
+  the tests start inherit it), caching every executable however fast it compiled: the tests
+  compile the same tiny programs many times, and on CPU compiling is most of a short run. The
+  directory is the runs' own default (`trainer.compilation_cache_dir`: $RISED_JAX_CACHE/jax), so
+  it stays warm across sessions and clones on one machine. Set before any test module imports
+  jax; a test that needs a cold cache sets or removes these variables itself
+  (tests/integration/test_run_throughput.py). A caller's own settings win."""
+  root = os.environ.get("RISED_JAX_CACHE", os.path.expanduser("~/.cache/rised_jax"))
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(root, "jax"))
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+  """(model, tokenizer) of the packaged SmolLM2-135M-Instruct in float32, loaded once for the
+  tests that play or compare it (each load is 10-25 s on 2 cores); they only read it."""
+  from rised_jax.model import from_pretrained  # noqa: PLC0415 (jax only after pytest_configure)
+  return from_pretrained("smollm2-135m-instruct", "float32")
 
 
 def pytest_collection_modifyitems(items):

@@ -72,12 +72,14 @@ def test_background_roll_outs_skip_checkpoint_boundaries():
   assert not any(trainer.may_prefetch(config, s) for s in range(STEPS))
 
 
+@pytest.mark.slow
 def test_policy_lag_is_logged_per_step(runs):
   assert _metric(runs[True, LEARNING], "rollout/policy_lag") == [0.0, 1.0, 0.0, 1.0, 0.0]
   assert _metric(runs[False, LEARNING], "rollout/policy_lag") == [0.0] * STEPS
   assert len(_metric(runs[True, LEARNING], "time/rollout_wait")) == 2
 
 
+@pytest.mark.slow
 def test_without_updates_async_and_sync_sample_the_same(runs):
   # Same weights at every step (lr ≈ 0): the background roll-outs draw the same tasks with the
   # same seeds as the foreground ones, nothing skipped or repeated.
@@ -85,6 +87,7 @@ def test_without_updates_async_and_sync_sample_the_same(runs):
   assert sorted(_rollouts(runs[True, FROZEN])) == list(range(1, STEPS + 1))
 
 
+@pytest.mark.slow
 def test_a_background_roll_out_samples_with_the_weights_before_the_update(runs):
   frozen, synced, stale = (_rollouts(runs[k]) for k in ((False, FROZEN),
                                                          (False, LEARNING), (True, LEARNING)))
@@ -99,6 +102,7 @@ def test_a_background_roll_out_samples_with_the_weights_before_the_update(runs):
   assert stale[3] != frozen[3]
 
 
+@pytest.mark.slow
 def test_a_crash_with_a_roll_out_in_flight_resumes_exactly(runs, tiny_model, tmp_path,
                                                            monkeypatch):
   config = _config(tiny_model, async_rollouts=True, learning_rate=LEARNING)
@@ -125,6 +129,7 @@ def test_a_crash_with_a_roll_out_in_flight_resumes_exactly(runs, tiny_model, tmp
       runlog.read_jsonl(straight / runlog.EVAL_FILE)[-1]["pass_rate"]
 
 
+@pytest.mark.slow
 def test_a_background_roll_out_outlives_the_update_that_donates_the_state(tiny_model, tmp_path,
                                                                           monkeypatch):
   # The background roll-out starts only once the overlapping update has run (and donated the

@@ -43,6 +43,7 @@ def test_convert_tree_hand_built():
   assert checkpoint_convert.convert_tree(scanned, "scanned")[1] == 0   # already scanned
 
 
+@pytest.mark.slow
 def test_unrolled_run_resumes_scanned_and_converts_back_exactly(tmp_path, monkeypatch):
   model = tiny.write(tmp_path / "model", ["frozenlake", "maze"])
   monkeypatch.setenv("RISED_JAX_CACHE", str(tmp_path / "cache"))

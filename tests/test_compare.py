@@ -334,9 +334,11 @@ def test_rised_compare_end_to_end_tiny(tmp_path):
     progress = [json.loads(line) for line in lines if "progress/rollouts" in line][-1]
     assert progress["progress/rollouts"] == table["methods"][preset]["rollouts"][seed]
     assert progress["progress/agent_tokens"] == table["methods"][preset]["agent_tokens"][seed]
-    # Train seconds: every timed stage of the step records but evaluation (no async roll-outs).
+    # Train seconds: every timed stage (time/<stage>; not the time/throughput/* rates or the
+    # time/compile/* counts) of the step records but evaluation (no async roll-outs).
     timed = [json.loads(line) for line in lines if '"time/step"' in line]
-    loop = sum(v for r in timed for k, v in r.items() if k.startswith("time/") and k != "time/eval")
+    loop = sum(v for r in timed for k, v in r.items()
+               if k.split("/")[0] == "time" and len(k.split("/")) == 2 and k != "time/eval")
     assert table["methods"][preset]["train_seconds"][seed] == pytest.approx(loop)
     assert table["methods"][preset]["update_seconds"][seed] == pytest.approx(
         sum(r["time/step"] for r in timed))
@@ -358,3 +360,60 @@ def test_rised_compare_end_to_end_tiny(tmp_path):
   assert changed.returncode != 0 and "use a new --workdir" in changed.stderr
   aggregated = _cli("--aggregate", str(root))
   assert aggregated.returncode == 0 and text in aggregated.stdout
+
+
+def test_steps_to_reach_hand_worked():
+  history = {0: 0.1, 5: 0.3, 10: 0.5, 15: 0.45}
+  assert compare.steps_to_reach(history, 0.3) == 5           # equal counts as reached
+  assert compare.steps_to_reach(history, 0.31) == 10
+  assert compare.steps_to_reach(history, 0.05) == 0
+  assert compare.steps_to_reach(history, 0.51) is None
+  assert compare.steps_to_reach({10: 0.1 + 0.2, 0: 0.0}, 0.3) == 10   # float error: a tie
+  assert compare.steps_summary([5, None, 10, None, 20]) == {
+      "values": [5, None, 10, None, 20], "reached": 3, "median": 20.0}   # 5, 10, 20, inf, inf
+  assert compare.steps_summary([5, None, None])["median"] is None      # median seed never gets there
+
+
+def test_steps_to_target_ratio_of_medians_hand_worked():
+  # grpo_rubric's finals 0.5 and 0.5: the target is 0.5; it gets there at steps 10 and 5.
+  grpo = [{0: 0.2, 5: 0.3, 10: 0.5}, {0: 0.2, 5: 0.5, 10: 0.5}]
+  reach = compare.steps_to_target(
+      {"cripo": [{0: 0.2, 5: 0.5, 10: 0.7}, {0: 0.2, 5: 0.6, 10: 0.55}], "grpo_rubric": grpo},
+      "grpo_rubric", [0.5, 0.5])
+  assert reach["target"] == 0.5
+  assert reach["methods"]["grpo_rubric"] == {"values": [10, 5], "reached": 2, "median": 7.5,
+                                             "speedup": 1.0}
+  assert reach["methods"]["cripo"] == {"values": [5, 5], "reached": 2, "median": 5.0,
+                                       "speedup": 1.5}
+  # A target method whose median seed never gets there (finals 0.4, 0.6: target 0.5 reached by
+  # seed 1 only): no ratio for anyone.
+  slow = compare.steps_to_target({"cripo": [{0: 0.5}, {0: 0.5}],
+                                  "grpo_rubric": [{0: 0.2, 5: 0.4}, {0: 0.2, 5: 0.6}]},
+                                 "grpo_rubric", [0.4, 0.6])
+  assert slow["methods"]["grpo_rubric"]["values"] == [None, 5]
+  assert slow["methods"]["grpo_rubric"]["median"] is None
+  assert slow["methods"]["cripo"]["median"] == 0 and slow["methods"]["cripo"]["speedup"] is None
+
+
+def test_comparison_reports_steps_to_grpo_rubric_final_score(tmp_path):
+  # write_run evaluates at step 0 (all zero) and at the final step 2 (the values).
+  for preset, scores in (("cripo", [0.6, 0.8]), ("grpo_rubric", [0.5, 0.7])):
+    for seed, score in enumerate(scores):
+      write_run(tmp_path, preset, seed, {"science": score}, pipeline="rubric")
+  table = compare.aggregate_dir(tmp_path)["pipelines"]["rubric"]
+  reach = table["steps_to_target"]
+  assert reach["method"] == "grpo_rubric" and reach["target"] == pytest.approx(0.6)
+  assert reach["methods"]["cripo"]["values"] == [2, 2]
+  assert reach["methods"]["grpo_rubric"]["values"] == [None, 2]
+  text = (tmp_path / "comparison.md").read_text()
+  assert "Steps to reach grpo_rubric's final `mean` (0.600" in text
+  assert "| cripo | 2 | 2 | 2/2 | 2 | n/a |" in text
+  assert "| grpo_rubric | - | 2 | 1/2 | - | n/a |" in text
+
+
+def test_train_seconds_sums_stage_timers_only():
+  # time/throughput/* (rates) and time/compile/* (counts) are not seconds of a stage.
+  records = [{"step": 1, "time/rollout": 1.0, "time/step": 2.0, "time/eval": 5.0,
+              "time/throughput/tokens_per_s": 700.0, "time/compile/cache_hits": 3.0},
+             {"step": 2, "time/rollout": 0.5, "time/step": 1.0, "rollout/policy_lag": 1.0}]
+  assert compare.train_seconds(records, 2, "metrics.jsonl") == (1.0 + 2.0 + 1.0, 3.0)

@@ -146,6 +146,10 @@ LATE_ERRORS = [
      r"config\.rollout\.max_new_tokens_per_turn=4"),
     ({"rollout.engine": "sglang", "rollout.sglang_url": "notaurl"},
      r"config\.rollout\.sglang_url='notaurl': expected the SGLang server's http\(s\) URL"),
+    ({"rollout.engine": "sglang", "rollout.sglang.weight_sync": "nccl"},
+     r"config\.rollout\.sglang\.weight_sync='nccl': expected one of \('disk', 'tensor'\)"),
+    ({"rollout.sglang.tensor_bucket_bytes": 0},
+     r"rollout\.sglang\.tensor_bucket_bytes.*an integer >= 1 \(bytes\)"),
     ({"judge.vocabulary": "os:abort"},
      r"vocabulary 'os:abort' is the callable <built-in function abort>, not declared a "
      r"vocabulary factory, so it is not called"),

@@ -20,7 +20,7 @@ from rised_jax.model import tiny
 from tests.helpers.run_fixtures import REPO, TINY_CONFIG as CONFIG, load_config_file
 from tests.helpers.run_fixtures import tiny_config as _config
 NOTEBOOK = REPO / "notebooks" / "analyze_run.ipynb"
-VOLATILE = ("time", "wall")
+VOLATILE = ("time", "wall", "sync/seconds")   # wall-clock, beside every time/* key
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,8 @@ def _tb_scalars(workdir: Path) -> dict[str, list[tuple[int, float]]]:
   acc = event_accumulator.EventAccumulator(str(workdir / runlog.TENSORBOARD_DIR),
                                            purge_orphaned_data=True).Reload()
   return {tag: [(e.step, e.value) for e in acc.Scalars(tag)]
-          for tag in acc.Tags()["scalars"] if not tag.startswith("time/")}
+          for tag in acc.Tags()["scalars"]
+          if not tag.startswith("time/") and tag not in VOLATILE}
 
 
 def _final_params(workdir: Path, step: int) -> list[np.ndarray]:

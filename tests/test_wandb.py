@@ -69,6 +69,7 @@ def tensorboard_history(workdir: Path) -> dict[int, dict[str, float]]:
   return rows
 
 
+@pytest.mark.slow
 def test_offline_run_logs_the_tensorboard_scalars(tmp_path, monkeypatch):
   monkeypatch.setenv("WANDB_MODE", "offline")
   # Nothing may reach the network: any attempt would go to a closed local port.

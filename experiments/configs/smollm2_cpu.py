@@ -51,11 +51,20 @@ def get_config(arg: str | None = None):
   c.select.pool_groups = 4
   c.select.batch_groups = 1
   c.step.beta = 0.05
-  c.step.chunk = 256
+  # The vocabulary head runs over each row's trained columns only, packed into chunks of this
+  # many (learn/chunked.py); a row trains on at most 3 replies of 16 tokens, so 64 columns
+  # hold them in one chunk of the 512-column batch (at 256 the head ran 4x the columns).
+  c.step.chunk = 64
   # XLA:CPU keeps every layer's activations for the backward pass even under remat (12.3 GiB
   # of scratch for 8 rows of 832 columns), so the B x G = 4 rows go through the step two at a
   # time (3.8 GiB).
   c.step.micro_batches = 2
+  # The six steps' batches are 4 x 320, 448 and 512 columns (prefix and response buckets):
+  # each a compile of the scanned 30-layer step (about 80 s on a busy 2-core machine). Widened
+  # to one 512-column bucket the step compiles once; the extra columns are left padding that
+  # costs the layers some time, but not the vocabulary head, which runs over the trained
+  # tokens only (learn/chunked.py).
+  c.batching.length_buckets = [512]
   c.optim.learning_rate = 1e-5
   c.train.steps = 6
   c.eval.episodes_per_env = 8

@@ -12,7 +12,7 @@ each visible thing is described by its offset from the agent in steps forward an
 Actions, as texts: turn left, turn right, go forward, pick up, drop, toggle (BabyAI's `done`
 action is not offered: no level needs it). The oracle is minigrid's `BabyAIBot`, run on a copy
 of the current state until the mission is verified; the length of its plan is the distance that
-progress / regress events measure (`rised_jax.rubrics.suite_rules`). The bot remembers what it
+progress / regress events measure (`rised_jax.envs.suite_events`). The bot remembers what it
 has seen and which subgoals it holds, so one bot follows the whole episode: before each step it
 observes the state and is told the action the agent took (the bot's own DAgger protocol,
 `replan(action_taken)`), and a plan is that bot, copied with the world, played to the end. A bot
@@ -31,8 +31,7 @@ import hashlib
 import io
 from typing import Any, Hashable
 
-from rised_jax.envs import base, suites
-from rised_jax.rubrics import suite_rules
+from rised_jax.envs import base, suite_events, suites
 
 ACTIONS = ("turn left", "turn right", "go forward", "pick up", "drop", "toggle")
 _ACTION_WORDS = {
@@ -163,7 +162,7 @@ class BabyAI(suites.SuiteEnvironment):
     lost = bool(terminated and not won)
     distance = None if terminated else self._plan_length()
     changed = self._state_key() != before
-    events = suite_rules.step_events(
+    events = suite_events.step_events(
         rejected=False, changed=changed, failed=lost,
         distance_before=self._distance, distance_after=0 if won else distance)
     self._distance = distance

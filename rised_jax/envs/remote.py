@@ -32,7 +32,7 @@ Instances: seed s plays item `item_offset + s % items`; the instance key is the 
 without a request (`instance_key_for`), so building the evaluation set and the training stream
 costs no server round trip. `items` must be the number of items the server holds.
 
-Timeouts and retries (`rollout.http_retry`: a deadline per request, jittered exponential
+Timeouts and retries (`rised_jax.http_retry`: a deadline per request, jittered exponential
 backoff): /create, /reset and /close are retried on every transient error (a reset restarts
 the item whatever happened before). /step is NOT idempotent — a step whose reply was lost may
 have been played — so it is retried only when the server says it did not take the request
@@ -56,7 +56,7 @@ from typing import Any, ClassVar, Mapping
 from rised_jax.checks import is_http_url, is_int, is_number
 from rised_jax.envs import parsing
 from rised_jax.envs.base import StepResult, check_float, check_int
-from rised_jax.rollout import http_retry
+from rised_jax import http_retry
 from rised_jax.types import Event
 
 log = logging.getLogger(__name__)

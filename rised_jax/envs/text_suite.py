@@ -10,7 +10,7 @@ and talks to its simulator through four hooks: `_new_backend`, `_load(backend, i
   instance plus its command history (replayed when another episode used the backend since);
 * the first observation of each instance is cached, so `reset` (and `envs.instance_key`)
   starts no JVM work for an instance seen before;
-* events come from the suite's score and flags via `rubrics.suite_rules.step_events`, with the
+* events come from the suite's score and flags via `rubrics.suite_events.step_events`, with the
   distance to the goal taken as (max score - score);
 * the oracle is the suite's gold action sequence, valid while the episode follows it: after an
   executed command off that sequence the suite offers no plan and `oracle()` raises.
@@ -24,8 +24,7 @@ import re
 import threading
 from typing import Any, ClassVar, Hashable
 
-from rised_jax.envs import base, parsing, suites
-from rised_jax.rubrics import suite_rules
+from rised_jax.envs import base, parsing, suite_events, suites
 
 # Commands that look rather than act: never `no_effect` (they are how an agent gathers facts).
 _INFORMATIONAL_RE = re.compile(r"^(?:look|look around|look at .+|look in .+|l|inventory|inv|i|"
@@ -193,7 +192,7 @@ class TextSuite(suites.SuiteEnvironment, abc.ABC):
         self._gold_done += 1
       elif not report.rejected:
         self._gold_done = None
-    events = suite_rules.step_events(
+    events = suite_events.step_events(
         rejected=report.rejected, changed=(report.view, report.score) != (self.view, self.score),
         informational=bool(_INFORMATIONAL_RE.match(command)), failed=report.failed,
         distance_before=self.max_score - self.score, distance_after=self.max_score - report.score)

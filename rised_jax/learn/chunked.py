@@ -20,6 +20,13 @@ is not used. Student and teacher rows must be column-aligned (left-padded prefix
   max-prob.
 - `teacher_token_stats_chunked`: the teacher's log-prob of the target and log max-prob alone
   (a second teacher, e.g. CriPO's counterfactual one, whose logits meet no student's).
+
+Cost that follows the trained tokens. Given `positions` ([B, T], nonzero on the target columns
+whose statistics are used, e.g. loss_mask | distill_mask), each row's needed columns are first
+gathered to its front (in column order) and, when T − 1 spans more than one chunk, chunks
+past the longest row's count skip the vocabulary projection (a `lax.cond` in the scan, in the forward and the backward pass): the
+head's cost is B · ceil(max needed per row / chunk) · chunk positions, not B · (T − 1). The
+statistics of the other columns are 0.
 """
 from __future__ import annotations
 
@@ -97,15 +104,28 @@ def _token_logprob(logp: Array, targets: Array) -> Array:
 
 
 def _scan_chunks(chunk_fn: Callable[..., dict[str, Array]], rows: Sequence[Array | None],
-                 targets: Array, chunk: int) -> dict[str, Array]:
+                 targets: Array, chunk: int, positions: Array | None = None) -> dict[str, Array]:
   """Maps chunk_fn over sequence chunks; returns its outputs as [B, T] target-column arrays.
 
   chunk_fn(targets [B, c], *rows [B, c, D] or None) → {name: [B, c]} sees the T − 1 predicting
-  columns of each row, `chunk` at a time; column 0 of every output is 0. The chunk body is rematerialised: the backward pass recomputes a chunk's logits instead of
-  saving them (CSE prevention is unnecessary inside a scan).
+  columns of each row, `chunk` at a time; column 0 of every output is 0. The chunk body is
+  rematerialised: the backward pass recomputes a chunk's logits instead of saving them (CSE
+  prevention is unnecessary inside a scan). With `positions` only the needed columns are
+  computed (module docstring); every other output is 0.
   """
   predicted = targets.shape[1] - 1
   num_chunks = -(-predicted // chunk)
+  columns = (targets[:, 1:], *(None if r is None else r[:, :-1] for r in rows))
+  if positions is not None:
+    needed = positions[:, 1:] > 0
+  # One chunk has nothing to skip: no packing then, only the unused columns zeroed.
+  packed = positions is not None and num_chunks > 1
+  if packed:
+    # Stable: a row's needed columns first, in column order; `unpack` is the inverse.
+    order = jnp.argsort(~needed, axis=1, stable=True)
+    unpack = jnp.argsort(order, axis=1)
+    columns = tuple(None if x is None else _take_columns(x, order) for x in columns)
+    needed_chunks = -(-needed.sum(axis=1).max() // chunk)
 
   def to_chunks(x: Array | None) -> Array | None:
     """[B, L, ...] → [num_chunks, B, chunk, ...], zero-padding L up to num_chunks · chunk."""
@@ -115,14 +135,41 @@ def _scan_chunks(chunk_fn: Callable[..., dict[str, Array]], rows: Sequence[Array
     return jnp.swapaxes(x.reshape(x.shape[0], num_chunks, chunk, *x.shape[2:]), 0, 1)
 
   def from_chunks(x: Array) -> Array:
-    """[num_chunks, B, chunk] → [B, T]: drop the padding, put 0 in column 0."""
+    """[num_chunks, B, chunk] → [B, T]: drop the padding (unpack), put 0 in column 0."""
     x = jnp.swapaxes(x, 0, 1).reshape(x.shape[1], -1)[:, :predicted]
+    if packed:
+      x = _take_columns(x, unpack)
+    if positions is not None:
+      x = jnp.where(needed, x, 0.0)
     return jnp.pad(x, [(0, 0), (1, 0)])
 
   body = jax.checkpoint(chunk_fn, prevent_cse=False)
-  xs = (to_chunks(targets[:, 1:]), *(to_chunks(None if r is None else r[:, :-1]) for r in rows))
-  _, stacked = jax.lax.scan(lambda carry, x: (carry, body(*x)), None, xs)
+  xs = tuple(to_chunks(x) for x in columns)
+  if not packed:
+    step = lambda carry, x: (carry, body(*x))  # noqa: E731
+  else:
+    def step(carry, indexed):
+      index, x = indexed
+      skipped = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(body, *x))
+      return carry, jax.lax.cond(index < needed_chunks, lambda: body(*x), lambda: skipped)
+    xs = (jnp.arange(num_chunks), xs)
+  _, stacked = jax.lax.scan(step, None, xs)
   return {name: from_chunks(x) for name, x in stacked.items()}
+
+
+def _take_columns(x: Array, order: Array) -> Array:
+  """x [B, L, ...] with each row's columns in `order` [B, L]."""
+  return jnp.take_along_axis(x, order.reshape(order.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def _check_positions(positions: jax.typing.ArrayLike | None, targets: Array) -> Array | None:
+  if positions is None:
+    return None
+  positions = jnp.asarray(positions)
+  if positions.shape != targets.shape:
+    raise ValueError(f"positions shape {positions.shape} must be the [B, T] of targets "
+                     f"{targets.shape}")
+  return positions
 
 
 def token_stats_chunked(student_hidden: jax.typing.ArrayLike,
@@ -132,7 +179,8 @@ def token_stats_chunked(student_hidden: jax.typing.ArrayLike,
                         divergence: str = "forward-kl", topk: int | None = None,
                         clamp: float | None = None, want_teacher_token_stats: bool = False,
                         divergence_options: Mapping[str, float] | None = None,
-                        teacher_logits_fn: Callable[[Array], Array] | None = None) -> TokenStats:
+                        teacher_logits_fn: Callable[[Array], Array] | None = None,
+                        positions: jax.typing.ArrayLike | None = None) -> TokenStats:
   """Student log-probs, entropy and the distillation divergence per token, chunk by chunk.
 
   Args:
@@ -152,6 +200,8 @@ def token_stats_chunked(student_hidden: jax.typing.ArrayLike,
     divergence_options: options of the divergence, e.g. {"beta": 0.5} for "jsd".
     teacher_logits_fn: the teacher's head when its parameters differ from the student's (EMA
       or frozen teacher); None: `logits_fn`. Its output is under stop_gradient.
+    positions: None (every column) or [B, T], nonzero on the target columns whose statistics
+      are needed; the head runs over those only (module docstring), the rest are 0.
 
   Returns:
     `TokenStats`, each field float32 [B, T] aligned to target columns (column 0 is 0).
@@ -200,7 +250,8 @@ def token_stats_chunked(student_hidden: jax.typing.ArrayLike,
       stats["teacher_log_max_prob"] = teacher_logp.max(axis=-1)
     return stats
 
-  per_token = _scan_chunks(chunk_stats, (student_hidden, teacher_hidden), targets, chunk)
+  per_token = _scan_chunks(chunk_stats, (student_hidden, teacher_hidden), targets, chunk,
+                           _check_positions(positions, targets))
   return TokenStats(
       logprob=per_token["logprob"],
       entropy=per_token["entropy"],
@@ -212,12 +263,13 @@ def token_stats_chunked(student_hidden: jax.typing.ArrayLike,
 
 def teacher_token_stats_chunked(teacher_hidden: jax.typing.ArrayLike,
                                 logits_fn: Callable[[Array], Array],
-                                targets: jax.typing.ArrayLike, *,
-                                chunk: int) -> tuple[Array, Array]:
+                                targets: jax.typing.ArrayLike, *, chunk: int,
+                                positions: jax.typing.ArrayLike | None = None
+                                ) -> tuple[Array, Array]:
   """log p_T(y_t) and log max_v p_T(v) of a teacher alone (e.g. CriPO's counterfactual one).
 
-  Same chunking, alignment and targets convention as `token_stats_chunked`; everything is under
-  stop_gradient. Returns two float32 [B, T] arrays (column 0 is 0).
+  Same chunking, alignment, targets and `positions` convention as `token_stats_chunked`;
+  everything is under stop_gradient. Returns two float32 [B, T] arrays (column 0 is 0).
   """
   teacher_hidden = jax.lax.stop_gradient(jnp.asarray(teacher_hidden))
   targets = jnp.asarray(targets)
@@ -228,5 +280,6 @@ def teacher_token_stats_chunked(teacher_hidden: jax.typing.ArrayLike,
     logp = jax.lax.stop_gradient(log_softmax(teacher_h))
     return {"logprob": _token_logprob(logp, targets_c), "log_max_prob": logp.max(axis=-1)}
 
-  per_token = _scan_chunks(chunk_stats, (teacher_hidden,), targets, chunk)
+  per_token = _scan_chunks(chunk_stats, (teacher_hidden,), targets, chunk,
+                           _check_positions(positions, targets))
   return per_token["logprob"], per_token["log_max_prob"]

@@ -65,19 +65,56 @@ def decoder_forward_flops(cfg: ModelConfig, rows: int, seq_len: int,
 
 
 def train_step_flops(cfg: ModelConfig, rows: int, seq_len: int,
-                     teacher_forwards: int = 0) -> dict[str, float]:
+                     teacher_forwards: int = 0,
+                     head_positions: int | None = None) -> dict[str, float]:
   """Model FLOPs of one train step: forward + backward (3 × forward) of the student, plus
   `teacher_forwards` stop-gradient forwards of the same shape (the fused step's teacher).
 
-  Logits are needed at the T − 1 predicting columns of every row. Recomputation (the
-  chunked loss rematerialises its logits in the backward pass) is not model work and is not
-  counted, as usual for MFU.
+  Logits are needed at the T − 1 predicting columns of every row, or, with `head_positions`,
+  at that many columns in all (the step's head runs over the columns its loss reads only:
+  `learn.chunked`). Recomputation (the chunked loss rematerialises its logits in the backward
+  pass) is not model work and is not counted, as usual for MFU.
   """
   forward = decoder_forward_flops(cfg, rows, seq_len, seq_len - 1)
+  if head_positions is not None:
+    forward["unembed"] = 2.0 * cfg.hidden_size * cfg.vocab_size * head_positions
   factor = 3.0 + teacher_forwards
   parts = {name: factor * value for name, value in forward.items()}
   parts["total"] = sum(parts.values())
   return parts
+
+
+def kv_bytes_per_token(cfg: ModelConfig, itemsize: int) -> int:
+  """Bytes of one token's keys and values over all layers: 2 · layers · kv_heads · head_dim ·
+  itemsize."""
+  return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
+
+
+def decode_read_bytes(cfg: ModelConfig, weight_bytes: int, rows: int, prompt_len: int,
+                      new_tokens: int, itemsize: int) -> int:
+  """The least memory traffic of decoding `new_tokens` tokens for `rows` rows after prompts of
+  `prompt_len` tokens: every decode step reads the weights once (shared by the rows) and each
+  row's filled KV cache. Step i (0-based) attends over prompt_len + i cached tokens, so
+
+    new_tokens · weight_bytes
+    + rows · kv_bytes_per_token · (new_tokens · prompt_len + new_tokens · (new_tokens − 1) / 2).
+
+  Dividing by the measured memory bandwidth gives the decode's bandwidth-bound time (a
+  cache allocated wider than it is filled, or one re-read per head, only adds traffic)."""
+  if min(rows, prompt_len, new_tokens) < 0 or weight_bytes < 0:
+    raise ValueError(f"need non-negative sizes; got weight_bytes={weight_bytes}, rows={rows}, "
+                     f"prompt_len={prompt_len}, new_tokens={new_tokens}")
+  cached_tokens = new_tokens * prompt_len + new_tokens * (new_tokens - 1) // 2
+  return new_tokens * weight_bytes + rows * kv_bytes_per_token(cfg, itemsize) * cached_tokens
+
+
+def limit_fraction(work: float, seconds: float, limit_per_s: float) -> float:
+  """The fraction of a machine limit a stage reached: `work` (FLOPs, bytes) done in `seconds`
+  against the limit's rate (FLOP/s, bytes/s); equally the limit-bound time over the measured
+  time. MFU is this for model FLOPs and the matmul rate."""
+  if seconds <= 0 or limit_per_s <= 0:
+    raise ValueError(f"need seconds > 0 and limit_per_s > 0; got {seconds}, {limit_per_s}")
+  return float(work) / seconds / limit_per_s
 
 
 def measure_matmul_rate(size: int, min_seconds: float = 1.0, min_calls: int = 3,

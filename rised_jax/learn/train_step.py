@@ -301,7 +301,19 @@ def _distill_token_stats(model, teacher_model, config: StepConfig, mb: Mapping[s
       student_hidden, teacher_hidden, model.logits, mb["input_ids"], chunk=config.chunk,
       divergence=config.divergence, topk=config.topk,
       clamp=config.clamp if config.clamp_loss else None,
-      teacher_logits_fn=None if teacher_model is None else teacher_model.logits)
+      teacher_logits_fn=None if teacher_model is None else teacher_model.logits,
+      positions=_used_positions(config, mb))
+
+
+def _used_positions(config: StepConfig, mb: Mapping[str, Array]) -> Array:
+  """The target columns whose token statistics the loss and metrics read: the loss tokens
+  and, when distilling, the distillation tokens (the localisation chooses among those). The
+  vocabulary projections run over these only (`chunked`), so the head's cost follows the
+  trained tokens, not the padded batch."""
+  used = mb["loss_mask"] > 0
+  if config.distills:
+    used = used | (mb["distill_mask"] > 0)
+  return used
 
 
 def _localised(config: StepConfig, divergence: Array, distill_mask: Array) -> Array:
@@ -318,12 +330,12 @@ def _counterfactual_flips(teacher_model, config: StepConfig, mb: Mapping[str, Ar
   forward (stop-gradient) and the student's log-probs of the same tokens."""
   cf_hidden = teacher_model.hidden_states(mb["cf_teacher_input_ids"],
                                           mb["cf_teacher_attention_mask"])
+  cf_mask = mb["cf_mask"] * mb["loss_mask"].astype(jnp.float32)
   cf_logprob, cf_log_max = chunked.teacher_token_stats_chunked(
-      cf_hidden, teacher_model.logits, mb["input_ids"], chunk=config.chunk)
+      cf_hidden, teacher_model.logits, mb["input_ids"], chunk=config.chunk, positions=cf_mask)
   edited, flipped = cripo.counterfactual_flips(
       jax.lax.stop_gradient(student_logprob), cf_logprob, cf_log_max, advantages,
-      mb["cf_mask"] * mb["loss_mask"].astype(jnp.float32), alpha=config.flip_alpha,
-      tau_flip=config.flip_tau)
+      cf_mask, alpha=config.flip_alpha, tau_flip=config.flip_tau)
   return edited, flipped.astype(jnp.float32)
 
 
@@ -378,7 +390,8 @@ def _reference_logprobs(ref_params, graphdef, rest, config: StepConfig,
   ref_model = nnx.merge(graphdef, jax.lax.stop_gradient(ref_params), rest)
   hidden = ref_model.hidden_states(mb["input_ids"], mb["attention_mask"])
   logprob, _ = chunked.teacher_token_stats_chunked(hidden, ref_model.logits, mb["input_ids"],
-                                                   chunk=config.chunk)
+                                                   chunk=config.chunk,
+                                                   positions=mb["loss_mask"])
   return logprob
 
 
@@ -424,6 +437,10 @@ def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig,
       approx_kl_old=(losses.reference_kl(jax.lax.stop_gradient(stats.logprob), old_logprobs,
                                          loss_mask, estimator="k3") * loss_mask).sum(),
   )
+  if "behaviour_logprobs" in mb:   # the sampler against π_old on the same tokens: a stale or
+    # wrong sampler (a weight sync that did not happen) shows here
+    metrics["logprob_diff"] = (jnp.abs(mb["behaviour_logprobs"] - old_logprobs)
+                               * loss_mask).sum()
 
   if config.distills:
     distill_mask = mb["distill_mask"].astype(jnp.float32)
@@ -566,6 +583,8 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
         "loss_tokens": tokens,
         "sequences": (loss_mask.sum(-1) > 0).sum().astype(jnp.float32),
     }
+    if "logprob_diff" in metric_sums:   # mean |log π_sampler − log π_old| per loss token
+      metrics["rollout/logprob_diff"] = per_token(metric_sums["logprob_diff"])
     if config.distills:
       # kept_frac: kept tokens over the injection rows' distillation tokens.
       distill_tokens = (batch["distill_mask"] > 0).sum().astype(jnp.float32)

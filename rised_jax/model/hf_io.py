@@ -18,7 +18,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -216,7 +216,7 @@ def load_state_dict(model: Decoder, state: Mapping[str, np.ndarray],
       param.set_value(jnp.asarray(stack))
 
 
-def _hf_tensors(model: Decoder, dtype: np.dtype | None) -> Iterator[tuple[str, np.ndarray]]:
+def hf_tensors(model: Decoder, dtype: np.dtype | None) -> Iterator[tuple[str, np.ndarray]]:
   """(HF name, host array) per tensor in checkpoint order. A parameter sharded over several
   processes' devices is gathered, one parameter at a time (a layer-stacked one once, kept for
   all its rows): every process must consume this."""
@@ -236,7 +236,7 @@ def _hf_tensors(model: Decoder, dtype: np.dtype | None) -> Iterator[tuple[str, n
 def hf_state_dict(model: Decoder, dtype: np.dtype | None = None) -> dict[str, np.ndarray]:
   """The model's parameters as HF-named host arrays (optionally cast to `dtype`); on several
   processes every one must call it (the arrays are gathered)."""
-  return dict(_hf_tensors(model, dtype))
+  return dict(hf_tensors(model, dtype))
 
 
 def _some(names: list[str], limit: int = 8) -> str:
@@ -405,8 +405,20 @@ def _prepare_export_dir(out_dir: Path) -> set[str]:
   return set(files)
 
 
-def _write_marker(out_dir: Path, files: set[str], dtype: str) -> None:
-  _write_json(out_dir / EXPORT_MARKER_FILE, {"files": sorted(files), "dtype": dtype})
+def _write_marker(out_dir: Path, files: set[str], dtype: str,
+                  note: Mapping[str, Any] | None) -> None:
+  _write_json(out_dir / EXPORT_MARKER_FILE,
+              {**(note or {}), "files": sorted(files), "dtype": dtype})
+
+
+def export_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
+  """The `EXPORT_MARKER_FILE` manifest of a directory `save_pretrained` wrote (the files it
+  lists, the dtype and the caller's `note`), or None where there is none or it is unreadable."""
+  try:
+    manifest = json.loads((Path(directory) / EXPORT_MARKER_FILE).read_text())
+  except (OSError, ValueError):
+    return None
+  return manifest if isinstance(manifest, dict) else None
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -416,8 +428,8 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def save_pretrained(model: Decoder, tokenizer: Tokenizer | None, out_dir: str | os.PathLike,
-                    dtype: str = "float32", max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
-                    ) -> Path:
+                    dtype: str = "float32", max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                    note: Mapping[str, Any] | None = None) -> Path:
   """Writes an HF checkpoint directory; returns its path.
 
   Args:
@@ -426,6 +438,8 @@ def save_pretrained(model: Decoder, tokenizer: Tokenizer | None, out_dir: str | 
     dtype: "float32" or "bfloat16" for the safetensors files.
     max_shard_bytes: above this the weights are split into model-0000i-of-0000n.safetensors
       with a model.safetensors.index.json.
+    note: JSON keys added to the export's manifest (`EXPORT_MARKER_FILE`, `export_manifest`),
+      e.g. weight sync's version, by which it knows the directories it may prune.
 
   Each file is written under a temporary name and renamed into place; files of a previous
   export that this one no longer has (e.g. other shards) are removed.
@@ -444,18 +458,18 @@ def save_pretrained(model: Decoder, tokenizer: Tokenizer | None, out_dir: str | 
   previous = parallel.on_coordinator(lambda: _prepare_export_dir(out_dir),
                                      f"preparing the export directory {out_dir}", ExportError)
   state = {}
-  for name, array in _hf_tensors(model, EXPORT_DTYPES[dtype]):
+  for name, array in hf_tensors(model, EXPORT_DTYPES[dtype]):
     if parallel.is_coordinator():   # the others only take part in the gathers
       state[name] = array
   parallel.on_coordinator(
       lambda: _write_export(model.cfg, tokenizer, out_dir, state, previous, dtype,
-                            max_shard_bytes), f"writing the export {out_dir}", ExportError)
+                            max_shard_bytes, note), f"writing the export {out_dir}", ExportError)
   return out_dir
 
 
 def _write_export(cfg: ModelConfig, tokenizer: Tokenizer | None, out_dir: Path,
                   state: dict[str, np.ndarray], previous: set[str], dtype: str,
-                  max_shard_bytes: int) -> None:
+                  max_shard_bytes: int, note: Mapping[str, Any] | None) -> None:
   """The files of `save_pretrained` from the HF-named host tensors."""
   shards = _shard(state, max_shard_bytes)
   if len(shards) == 1:
@@ -467,7 +481,10 @@ def _write_export(cfg: ModelConfig, tokenizer: Tokenizer | None, out_dir: Path,
   if len(shards) > 1:
     files.add(WEIGHTS_INDEX_FILE)
   # Listed before anything is written, so an interrupted export is still recognised as ours.
-  _write_marker(out_dir, previous | files, dtype)
+  def mark(listed: set[str]) -> None:
+    _write_marker(out_dir, listed, dtype, note)
+
+  mark(previous | files)
 
   for name, shard in zip(shard_names, shards):
     tmp = out_dir / (name + ".tmp")
@@ -487,23 +504,24 @@ def _write_export(cfg: ModelConfig, tokenizer: Tokenizer | None, out_dir: Path,
       "pad_token_id": tokenizer.pad_token_id if tokenizer is not None else cfg.pad_token_id,
   })
   if tokenizer is not None:
-    files |= _save_tokenizer(tokenizer, out_dir, previous | files, dtype)
+    files |= _save_tokenizer(tokenizer, out_dir, previous | files, mark)
 
   for stale in previous - files:
     (out_dir / stale).unlink(missing_ok=True)
-  _write_marker(out_dir, files, dtype)
+  mark(files)
 
 
 def _save_tokenizer(tokenizer: Tokenizer, out_dir: Path, listed: set[str],
-                    dtype: str) -> set[str]:
-  """Saves the tokenizer in a scratch directory and renames its files into out_dir."""
+                    mark: Callable[[set[str]], None]) -> set[str]:
+  """Saves the tokenizer in a scratch directory and renames its files into out_dir (listed in
+  the manifest by `mark` first)."""
   with tempfile.TemporaryDirectory(dir=out_dir, prefix=".tokenizer-") as scratch:
     names = set(tokenizer.save(scratch))
     clobbered = sorted(n for n in names if (out_dir / n).exists() and n not in listed)
     if clobbered:
       raise ExportError(f"{out_dir}: the tokenizer would overwrite {clobbered}, which this "
                         f"package did not write")
-    _write_marker(out_dir, listed | names, dtype)
+    mark(listed | names)
     for name in names:
       os.replace(Path(scratch) / name, out_dir / name)
   return names

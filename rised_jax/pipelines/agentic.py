@@ -32,6 +32,10 @@ and the rollouts the judge left unjudged (`rollout/groups_dropped`, `rollout/ser
 `rollout/failed_requests` (requests given up on after their retries), `rollout/env_errors`,
 `judge/failed`). Every reply fault of a server is one retry or, on its last attempt, one failed
 request: the two counters sum to the faults met.
+
+Multi-host with a server engine: each process rolls out and judges its own share of the K
+groups and `judge` gathers them (`rollout.hosts`), so every later stage sees the whole pool,
+the same on every process, and the counters above are the sums over the processes.
 """
 from __future__ import annotations
 
@@ -46,11 +50,12 @@ from rised_jax import envs, evaluate, rubrics, runlog, select, tasks, teach
 from rised_jax.config import step_config
 from rised_jax.learn import advantages as advantages_lib
 from rised_jax.learn.batching import Row
+from rised_jax.rollout import hosts
 from rised_jax.rollout import engines
 from rised_jax.rollout.agent_loop import AgentLoop
 from rised_jax.rollout.base import SamplingParams
-from rised_jax.rollout.text import judge_options
 from rised_jax.rubrics import rule_judge
+from rised_jax.rubrics.engine_text import judge_options
 from rised_jax.teach import action_mass, positive
 from rised_jax.types import Group, GroupTags
 
@@ -136,6 +141,8 @@ class AgenticStep:
   chosen            indices into `pool` of the groups trained on, in selection order
   teacher_prefixes  per chosen group, the positive teacher's prefix text (None: no teacher);
                     () when the pipeline has no teacher; teacher_sources its counters
+  error             a split roll-out's failure on this process (`hosts.attempt`), raised at
+                    the judge's gather on every process; pool and faults are then empty
   """
 
   step: int
@@ -147,6 +154,7 @@ class AgenticStep:
   chosen: tuple[int, ...] = ()
   teacher_prefixes: tuple[str | None, ...] = ()
   teacher_sources: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  error: BaseException | None = None
 
 
 class AgenticPipeline:
@@ -176,30 +184,46 @@ class AgenticPipeline:
       warnings.warn(message, stacklevel=2)
     self.eval_episodes: list[dict[str, Any]] = []   # the last evaluation's episode records
     self.progress = Progress()
+    self.split = hosts.splits(engine)   # each process rolls out its share (module docstring)
 
   def roll_out(self, step: int) -> AgenticStep:
-    tasks = self.tasks.next(self.config.select.pool_groups)
+    tasks = self.tasks.next(self.config.select.pool_groups)   # all K on every process
     hints = None
     if self.guidance is not None:
       hints = {env: self.guidance.hint(env) for env in self.config.envs.names}
     engine = self.loop.engine
     retries, failed = engine.server_retries, engine.failed_requests
-    pool = self.loop.run(tasks, self.config.rollout.group_size, hints=hints,
-                         seed=self.config.seed * 1_000_003 + step)
+    pool, error = hosts.attempt(self.split, lambda: hosts.run_share(
+        self.loop, tasks, self.split, group_size=self.config.rollout.group_size, hints=hints,
+        seed=self.config.seed * 1_000_003 + step))
+    if error is not None:
+      return AgenticStep(step=step, pool=(), error=error)
     faults = {"rollout/server_retries": float(engine.server_retries - retries),
               "rollout/failed_requests": float(engine.failed_requests - failed),
               "rollout/groups_dropped": float(self.loop.groups_dropped),
               "rollout/env_errors": float(len(self.loop.env_errors))}
-    if not pool:
-      raise RuntimeError(f"step {step}: every one of the {len(tasks)} rollout groups was "
-                         "dropped because engine requests failed after their retries (see the "
-                         "log for the server's errors)")
-    return AgenticStep(step=step, pool=tuple(pool), faults=faults)
+    record = AgenticStep(step=step, pool=tuple(pool), faults=faults)
+    # A split roll-out is checked whole, after the judge's gather.
+    return record if self.split else hosts.require_groups(record, len(tasks))
 
   def judge(self, record: AgenticStep) -> AgenticStep:
-    tags, stats = self.judge_backend.judge(record.pool)
-    return dataclasses.replace(record, tags=tuple(tags), judge_stats={
-        f"judge/{k}": float(v) for k, v in stats.as_dict().items()})
+    error = record.error
+    if error is None:
+      judged, error = hosts.attempt(self.split, lambda: self.judge_backend.judge(record.pool))
+      if error is None:
+        tags, stats = judged
+        record = dataclasses.replace(record, tags=tuple(tags), judge_stats={
+            f"judge/{k}": float(v) for k, v in stats.as_dict().items()})
+    if not self.split:
+      return record
+    whole = hosts.gather(hosts.Share(fields={"pool": record.pool, "tags": record.tags},
+                                     counters={**record.faults, **record.judge_stats},
+                                     error=error), f"step {record.step}")
+    record = dataclasses.replace(
+        record, pool=whole.fields["pool"], tags=whole.fields["tags"],
+        faults={k: whole.counters[k] for k in record.faults},
+        judge_stats={k: whole.counters[k] for k in record.judge_stats})
+    return hosts.require_groups(record, self.config.select.pool_groups)
 
   def advantages(self, record: AgenticStep) -> AgenticStep:
     estimator = advantages_lib.ADVANTAGES[self.config.advantage]
@@ -234,7 +258,11 @@ class AgenticPipeline:
         valid.append(ids)
     if not valid:
       return {}
-    logits = action_mass.next_token_logits(model, student + teacher)
+    # One forward shape every step (it compiles once): rows for every trained group's two
+    # prompts, the engine's prompt buckets as widths.
+    logits = action_mass.next_token_logits(
+        model, student + teacher, rows=2 * self.config.select.batch_groups,
+        widths=self.config.rollout.prompt_buckets)
     mass = np.asarray([action_mass.valid_action_mass(row, valid[k % len(valid)])
                        for k, row in enumerate(logits)])
     student_mass, teacher_mass = mass[:len(valid)], mass[len(valid):]
@@ -276,7 +304,7 @@ class AgenticPipeline:
     results, groups = evaluate.evaluate(
         self.eval_loop, self.config.envs.names, self.config.envs.difficulty.to_dict(),
         episodes=self.config.eval.episodes_per_env, seed_offset=self.config.eval.seed_offset,
-        seed=self.config.seed, samples=self.eval_samples)
+        seed=self.config.seed, samples=self.eval_samples, split=self.split)
     tags = (self.judge_backend.judge(groups)[0] if self.config.judge.backend == "rules"
             else None)
     self.eval_episodes = evaluate.episode_records(groups, tags, self.vocab)

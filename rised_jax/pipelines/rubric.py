@@ -60,12 +60,13 @@ from rised_jax import tasks as tasks_lib
 from rised_jax.checks import is_int, named
 from rised_jax.learn import cripo
 from rised_jax.learn.batching import Row
+from rised_jax.rollout import hosts
 from rised_jax.rollout import engines
 from rised_jax.rollout.agent_loop import sampling_seed
 from rised_jax.rollout.base import GenerationRequest, SamplingParams, generate_or_none
-from rised_jax.rollout.text import judge_options
 from rised_jax.rubrics import criteria as criteria_lib
 from rised_jax.rubrics import registry
+from rised_jax.rubrics.engine_text import judge_options
 from rised_jax.stats import t_interval, wilson_interval
 from rised_jax.teach import cripo_prefix
 from rised_jax.types import Group, Task, Trajectory, Turn
@@ -221,6 +222,8 @@ class RubricStep:
   teacher_ids      per group, [G_k] injection teacher prefixes (only y*'s can be set)  (teach)
   cf_teacher_ids   per group, [G_k] counterfactual teacher prefixes                    (teach)
   teacher_stats    {"cripo/…": count} of the teacher stage                             (teach)
+  error            a split roll-out's failure on this process, raised at the judge's gather
+                   on every process (`rollout.hosts`)                              (roll_out)
   """
 
   step: int
@@ -235,6 +238,7 @@ class RubricStep:
   teacher_ids: tuple[tuple[PrefixIds, ...], ...] | None = None
   cf_teacher_ids: tuple[tuple[PrefixIds, ...], ...] | None = None
   teacher_stats: Mapping[str, float] | None = None
+  error: BaseException | None = None
 
   def teacher_applies(self, k: int) -> bool:
     """Whether the injection teacher distils a row of group k."""
@@ -288,6 +292,7 @@ class RubricPipeline:
     self.judge_backend = criteria_lib.make_criteria_judge(
         rc.judge.backend, **judge_options(rc.judge, engine, tokenizer))
     self.eval_episodes: list[dict[str, Any]] = []   # per-answer records: not kept yet
+    self.split = hosts.splits(engine)   # each process rolls out its share (`rollout.hosts`)
 
   # ---- prompts ----------------------------------------------------------------------------
 
@@ -332,7 +337,19 @@ class RubricPipeline:
   # launches the next roll_out.
 
   def roll_out(self, step: int) -> RubricStep:
-    indices = self.tasks.next(self.config.select.batch_groups)
+    indices = self.tasks.next(self.config.select.batch_groups)   # all B on every process
+    share, error = hosts.attempt(self.split, lambda: self._roll_out_share(
+        step, hosts.own_share(indices, self.split)))
+    if error is not None:
+      return RubricStep(step=step, pool=(), faults={}, error=error)
+    groups, faults = share
+    record = RubricStep(step=step, pool=tuple(groups), faults=faults)
+    # A split roll-out is checked whole, after the judge's gather.
+    return record if self.split else hosts.require_groups(record, len(indices))
+
+  def _roll_out_share(self, step: int, indices: Sequence[int]
+                      ) -> tuple[list[Group], dict[str, float]]:
+    """The groups of the tasks `indices` (a failed request drops its group) and the faults."""
     group_size = self.config.rollout.group_size
     run_seed = self.config.seed * 1_000_003 + step
     tasks = [self.task_set.tasks[i] for i in indices]
@@ -340,7 +357,7 @@ class RubricPipeline:
                                   seed=answer_seed(run_seed, self.task_set.name, i, task, rollout))
                 for i, task in zip(indices, tasks) for rollout in range(group_size)]
     retries, failed = self.engine.server_retries, self.engine.failed_requests
-    results = generate_or_none(self.engine, requests)
+    results = generate_or_none(self.engine, requests) if requests else []
     if len(results) != len(requests):
       raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
     groups = []
@@ -353,11 +370,7 @@ class RubricPipeline:
     faults = {"rollout/server_retries": float(self.engine.server_retries - retries),
               "rollout/failed_requests": float(self.engine.failed_requests - failed),
               "rollout/groups_dropped": float(len(tasks) - len(groups))}
-    if not groups:
-      raise RuntimeError(f"step {step}: every one of the {len(tasks)} rollout groups was "
-                         "dropped because engine requests failed after their retries (see the "
-                         "log for the server's errors)")
-    return RubricStep(step=step, pool=tuple(groups), faults=faults)
+    return groups, faults
 
   def _trajectory(self, task: rubric_tasks.RubricTask, prompt: list[int], result) -> Trajectory:
     answer = [int(t) for t in result.output_ids]
@@ -375,7 +388,26 @@ class RubricPipeline:
 
   def judge(self, record: RubricStep) -> RubricStep:
     """Verdicts r_ij per answer; each trajectory is replaced by one with R_i and success (every
-    positive criterion met, no pitfall), both 0 / False where unjudged."""
+    positive criterion met, no pitfall), both 0 / False where unjudged. A split roll-out's
+    shares are judged where they were rolled out, then gathered (`rollout.hosts`)."""
+    error = record.error
+    if error is None:
+      judged, error = hosts.attempt(self.split, lambda: self._judge_share(record))
+      if error is None:
+        record = judged
+    if not self.split:
+      return record
+    fields = ("pool", "verdicts", "unjudged")
+    whole = hosts.gather(hosts.Share(
+        fields={name: getattr(record, name) or () for name in fields},
+        counters={**record.faults, **(record.judge_stats or {})}, error=error),
+        f"step {record.step}")
+    record = dataclasses.replace(
+        record, **whole.fields, faults={k: whole.counters[k] for k in record.faults},
+        judge_stats={k: whole.counters[k] for k in record.judge_stats})
+    return hosts.require_groups(record, self.config.select.batch_groups)
+
+  def _judge_share(self, record: RubricStep) -> RubricStep:
     tasks = [g.task for g in record.pool for _ in g.trajectories]
     answers = [t.turns[0].action_text for g in record.pool for t in g.trajectories]
     result = self.judge_backend.judge(tasks, answers)

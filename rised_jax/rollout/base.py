@@ -84,6 +84,14 @@ class Engine(Protocol):
   server_retries: int
   # Requests given up on after their retries, since the engine was built (0 in-process).
   failed_requests: int
+  # True when every process of a multi-process run must make the same `generate` calls (the
+  # in-process engine samples with one program over all hosts' devices); False when each
+  # process may send requests of its own (a server's client): the pipelines then split the
+  # roll-outs across processes (`rollout.hosts`).
+  collective: bool
+  # Bytes the last `update_weights` moved to the sampler (an export's files, request bodies;
+  # 0 in-process, where the sampler takes the trainer's arrays).
+  last_sync_bytes: int
 
   def limits(self) -> EngineLimits:
     """The largest prompt and reply a request may have; checked at build time by each stage
@@ -115,6 +123,8 @@ class EngineDefaults:
 
   server_retries = 0
   failed_requests = 0
+  collective = False
+  last_sync_bytes = 0
 
   def limits(self) -> EngineLimits:
     return EngineLimits()

@@ -10,6 +10,7 @@ from typing import Any
 
 from rised_jax.checks import is_http_url
 from rised_jax.rollout.base import EngineLimits
+from rised_jax.rollout.sglang_engine import WEIGHT_SYNCS
 
 ENGINES = ("jax", "sglang")
 
@@ -21,6 +22,9 @@ def check_config(config: Any) -> None:
   if config.rollout.engine == "sglang" and not is_http_url(config.rollout.sglang_url):
     raise ValueError(f"config.rollout.sglang_url={config.rollout.sglang_url!r}: expected the "
                      "SGLang server's http(s) URL, e.g. 'http://127.0.0.1:30000'")
+  if config.rollout.sglang.weight_sync not in WEIGHT_SYNCS:
+    raise ValueError(f"config.rollout.sglang.weight_sync={config.rollout.sglang.weight_sync!r}: "
+                     f"expected one of {WEIGHT_SYNCS}")
   if not isinstance(config.rollout.reply_prefix, str):
     raise ValueError(f"config.rollout.reply_prefix={config.rollout.reply_prefix!r}: expected a "
                      "string")

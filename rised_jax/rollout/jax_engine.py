@@ -335,6 +335,8 @@ class JaxEngine(EngineDefaults):
       `generate`'s stop_check may end rows (see the module docstring).
   """
 
+  collective = True   # one sampling program over every process's devices (`Engine`)
+
   def __init__(self, model: Any, *, max_batch: int = 16,
                batch_buckets: Sequence[int] | None = None,
                prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,

@@ -7,8 +7,8 @@ Talks only to the server's native API; the `sglang` package is never imported.
                    `output_ids` and `meta_info.output_token_logprobs`, so no text is ever
                    re-tokenised.
   update_weights   exports the model as an HF safetensors directory (one per version, the last
-                   `keep_versions` kept; only directories holding the `EXPORT_MARKER` file
-                   that every export writes are ever deleted) and POSTs
+                   `keep_versions` kept; only directories whose export manifest
+                   names the version, `VERSION_KEY`, are ever deleted) and POSTs
                    /update_weights_from_disk. The directory
                    must be readable by the server at the same path (same machine or a shared
                    filesystem; not a bucket URL). sglang-jax has no such endpoint: there,
@@ -16,6 +16,13 @@ Talks only to the server's native API; the `sglang` package is never imported.
                    process calls it (the export gathers the sharded parameters), process 0
                    writes the files, all wait at a barrier, then process 0 alone POSTs and
                    tells the others whether the server loaded them.
+                   With `weight_sync="tensor"` (a server on the same node) nothing is
+                   written: the HF-named tensors go in the bodies of POST
+                   /update_weights_from_tensor, in buckets of at most `tensor_bucket_bytes`
+                   (`tensor_payload`; the cache is flushed and the version set with the last
+                   one). A server without that endpoint (HTTP 404, sglang-jax) is synced
+                   through the disk export from then on, with a warning. `last_sync_bytes`:
+                   the bytes the last sync moved (export files or request bodies).
   health / flush_cache / model_info   GET /health, POST /flush_cache, GET /get_model_info.
 
 What the request asks of the server, and why (SGLang's `GenerateReqInput` / `SamplingParams`):
@@ -65,7 +72,7 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
-from rised_jax.rollout import http_retry
+from rised_jax import http_retry
 from rised_jax.rollout.base import (EngineDefaults, GenerationFailed, GenerationRequest,
                                     GenerationResult, StopCheck)
 from rised_jax.checks import is_http_url, is_int, is_number
@@ -74,7 +81,9 @@ log = logging.getLogger(__name__)
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 # Written into every version directory an export creates: pruning and re-exporting delete only
 # directories that hold it, never a `v<N>` someone else put in weight_dir.
-EXPORT_MARKER = ".rised_jax_export"
+# The export manifest's key (model.hf_io.export_manifest) naming the weights version a weight
+# sync wrote: pruning deletes only directories that carry it.
+VERSION_KEY = "weight_sync_version"
 # A log-prob may exceed 0 by this much (float32 rounding of a log-softmax near 0), no more.
 LOGPROB_SLACK = 1e-4
 
@@ -217,8 +226,14 @@ def parse_generate_response(response: Any, where: str = "/generate", *,
 
 
 def _is_export(path: str) -> bool:
-  """Whether `path` is a version directory a weight export wrote (it holds the marker)."""
-  return os.path.isfile(os.path.join(path, EXPORT_MARKER))
+  """Whether `path` is a version directory a weight sync wrote (its export manifest names
+  the version)."""
+  from rised_jax.model.hf_io import export_manifest  # noqa: PLC0415 (the model stack: JAX)
+  manifest = export_manifest(path)
+  return manifest is not None and is_int(manifest.get(VERSION_KEY))
+
+
+WEIGHT_SYNCS = ("disk", "tensor")
 
 
 class SGLangEngine(EngineDefaults):
@@ -238,6 +253,10 @@ class SGLangEngine(EngineDefaults):
       must be readable by the server at the same path.
     tokenizer: written next to the weights (the exporter needs it).
     export_dtype: dtype of the exported weights (None: the exporter's default).
+    weight_sync: "disk" (export, then /update_weights_from_disk; any server that can read
+      `weight_dir`) or "tensor" (the weights in /update_weights_from_tensor bodies; a server
+      on the same node, no disk); see the module docstring.
+    tensor_bucket_bytes: the most raw tensor bytes in one /update_weights_from_tensor body.
     keep_versions: how many exported versions stay on disk (the loaded one always stays).
     max_reply_bytes: the largest reply body read (`http_retry`); a larger reply fails its
       request (not retried: the same request gets the same reply).
@@ -247,7 +266,8 @@ class SGLangEngine(EngineDefaults):
                max_retries: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 30.0,
                vocab_size: int | None = None, weight_dir: str | None = None,
                tokenizer: Any = None, export_dtype: str | None = None, keep_versions: int = 2,
-               max_reply_bytes: int = http_retry.DEFAULT_MAX_REPLY_BYTES):
+               max_reply_bytes: int = http_retry.DEFAULT_MAX_REPLY_BYTES,
+               weight_sync: str = "disk", tensor_bucket_bytes: int = 512 << 20):
     if not is_http_url(base_url):
       raise ValueError(f"SGLangEngine base_url must look like http://HOST:PORT, got {base_url!r}")
     if max_concurrency < 1:
@@ -256,6 +276,12 @@ class SGLangEngine(EngineDefaults):
       raise ValueError(f"SGLangEngine timeout_s must be > 0, got {timeout_s}")
     if keep_versions < 1:
       raise ValueError(f"SGLangEngine keep_versions must be >= 1, got {keep_versions}")
+    if weight_sync not in WEIGHT_SYNCS:
+      raise ValueError(f"SGLangEngine weight_sync must be one of {WEIGHT_SYNCS}, got "
+                       f"{weight_sync!r}")
+    if not is_int(tensor_bucket_bytes) or tensor_bucket_bytes < 1:
+      raise ValueError(f"SGLangEngine tensor_bucket_bytes must be an integer >= 1, got "
+                       f"{tensor_bucket_bytes!r}")
     if vocab_size is not None and vocab_size < 1:
       raise ValueError(f"SGLangEngine vocab_size must be >= 1 or None, got {vocab_size}")
     if weight_dir is not None and "://" in os.fspath(weight_dir):
@@ -278,6 +304,9 @@ class SGLangEngine(EngineDefaults):
     self.export_dtype = export_dtype
     self.keep_versions = keep_versions
     self.weight_version: int | None = None   # the version the server last loaded through us
+    self.weight_sync = weight_sync
+    self.tensor_bucket_bytes = int(tensor_bucket_bytes)
+    self.last_sync_bytes = 0
     self._pool = concurrent.futures.ThreadPoolExecutor(
         max_workers=max_concurrency, thread_name_prefix="sglang-client")
     self._lacks_weight_endpoint = False
@@ -426,7 +455,9 @@ class SGLangEngine(EngineDefaults):
     target = os.path.join(self.weight_dir, f"v{version}")
     # The same name on every process: only process 0 uses it, but all must agree on it.
     staging = os.path.join(self.weight_dir, f".staging-v{version}")
-    dtype_kwargs = {} if self.export_dtype is None else {"dtype": self.export_dtype}
+    export_kwargs = {"note": {VERSION_KEY: version}}
+    if self.export_dtype is not None:
+      export_kwargs["dtype"] = self.export_dtype
 
     def clear_staging():
       shutil.rmtree(staging, ignore_errors=True)   # left by an interrupted export
@@ -434,18 +465,16 @@ class SGLangEngine(EngineDefaults):
     def publish():
       if os.path.isdir(target):
         if not _is_export(target):
-          raise SGLangError(f"{target} exists and was not written by a weight export (no "
-                            f"{EXPORT_MARKER} in it); it is left alone: move it, or give "
+          raise SGLangError(f"{target} exists and was not written by a weight sync (its "
+                            f"export manifest names no {VERSION_KEY}); it is left alone: "
+                            "move it, or give "
                             "config.rollout.sglang.weight_dir a directory of its own")
         shutil.rmtree(target)
-      with open(os.path.join(staging, EXPORT_MARKER), "w", encoding="utf-8") as marker:
-        marker.write(f"weights version {version}, exported by rised_jax for an SGLang server; "
-                     "deleted by the export's pruning\n")
       os.rename(staging, target)
 
     parallel.on_coordinator(clear_staging, f"clearing {staging}", SGLangError)
     try:
-      save_pretrained(model, self.tokenizer, staging, **dtype_kwargs)
+      save_pretrained(model, self.tokenizer, staging, **export_kwargs)
       parallel.on_coordinator(publish, f"renaming {staging} to {target}", SGLangError)
     finally:
       if parallel.is_coordinator():
@@ -453,19 +482,73 @@ class SGLangEngine(EngineDefaults):
     return target
 
   def update_weights(self, model: Any, version: int) -> None:
-    """Exports `model` as version `version` and makes the server load it (flushing its
-    cache); then deletes all but the newest `keep_versions` exported versions. Multi-host:
-    every process calls it; process 0 alone talks to the server, after every process has
-    finished the export, and all return (or raise) together."""
+    """Makes the server serve `model` as version `version` (flushing its cache): by disk
+    export (then deletes all but the newest `keep_versions` exported versions) or by tensor
+    (module docstring). Multi-host: every process calls it; process 0 alone talks to the
+    server, after every process has taken part in gathering the parameters, and all return
+    (or raise) together."""
+    if not is_int(version) or version < 0:
+      raise ValueError(f"weight version must be an integer >= 0, got {version!r}")
+    with self._weights_lock:
+      if self.weight_sync == "tensor":
+        self._update_from_tensors(model, version)
+      else:
+        self._update_from_disk(model, version)
+      self.weight_version = version
+
+  def _update_from_disk(self, model: Any, version: int) -> None:
     from rised_jax import parallel  # noqa: PLC0415
     if self._lacks_weight_endpoint:
       raise SGLangError(self._no_weight_endpoint_message(None))
-    with self._weights_lock:
-      path = self.export_weights(model, version)
-      parallel.barrier(f"SGLang weights v{version} written")
-      parallel.on_coordinator(lambda: self._load_on_server(path, version),
-                              f"SGLang loading weights version {version}", SGLangError)
-      self.weight_version = version
+    path = self.export_weights(model, version)
+    parallel.barrier(f"SGLang weights v{version} written")
+    parallel.on_coordinator(lambda: self._load_on_server(path, version),
+                            f"SGLang loading weights version {version}", SGLangError)
+    self.last_sync_bytes = sum(os.path.getsize(os.path.join(path, name))
+                               for name in os.listdir(path)) if os.path.isdir(path) else 0
+
+  def _update_from_tensors(self, model: Any, version: int) -> None:
+    from rised_jax import parallel  # noqa: PLC0415
+    from rised_jax.model.hf_io import EXPORT_DTYPES, hf_tensors  # noqa: PLC0415
+    dtype = EXPORT_DTYPES[self.export_dtype or "float32"]
+    # Every process takes part in the gathers; process 0 alone keeps the tensors.
+    named = {name: array for name, array in hf_tensors(model, dtype)
+             if parallel.is_coordinator()}
+    lacks_endpoint = parallel.on_coordinator(
+        lambda: self._post_tensors(named, version),
+        f"SGLang loading weights version {version} by tensor", SGLangError)
+    if parallel.allgather_objects(lacks_endpoint)[0]:   # process 0's answer, on every process
+      log.warning("SGLang at %s has no POST /update_weights_from_tensor (HTTP 404); syncing "
+                  "weights through the disk export in %s instead", self.base_url,
+                  self.weight_dir)
+      self.weight_sync = "disk"
+      self._update_from_disk(model, version)
+
+  def _post_tensors(self, named: Mapping[str, Any], version: int) -> bool:
+    """POSTs the tensors bucket by bucket; True when the server lacks the endpoint."""
+    from rised_jax.rollout import tensor_payload  # noqa: PLC0415
+    buckets = tensor_payload.buckets(named, self.tensor_bucket_bytes)
+    sent = 0
+    for index, bucket in enumerate(buckets):
+      last = index == len(buckets) - 1
+      payload = {"serialized_named_tensors": [tensor_payload.serialized_entry(bucket)],
+                 "load_format": None, "flush_cache": last, "abort_all_requests": False}
+      if last:
+        payload["weight_version"] = str(version)
+      sent += len(payload["serialized_named_tensors"][0])
+      try:
+        answer = self._call_json("POST", "/update_weights_from_tensor", payload)
+      except http_retry.HTTPRequestError as error:
+        if error.status == 404 and index == 0:
+          return True
+        raise SGLangError(f"SGLang did not load weights version {version} (tensor bucket "
+                          f"{index + 1} of {len(buckets)}): {error}") from error
+      if not isinstance(answer, dict) or answer.get("success") is not True:
+        message = answer.get("message") if isinstance(answer, dict) else answer
+        raise SGLangError(f"SGLang did not load weights version {version} (tensor bucket "
+                          f"{index + 1} of {len(buckets)}): {message!r}")
+    self.last_sync_bytes = sent
+    return False
 
   def _load_on_server(self, path: str, version: int) -> None:
     """POST /update_weights_from_disk for the export at `path`, then prune old exports."""
@@ -502,7 +585,7 @@ class SGLangEngine(EngineDefaults):
 
   def _prune_exports(self, keep: str) -> None:
     """Deletes exported version directories beyond the newest `keep_versions` (never `keep`,
-    never one without the export marker)."""
+    never one whose manifest names no version)."""
     versions = sorted(
         (int(match.group(1)), name) for name in os.listdir(self.weight_dir)
         if (match := _VERSION_DIR.match(name))

@@ -10,7 +10,7 @@ LLM backends share, in `LLMJudge`:
   is asked again next time (it may have been a sampling accident);
 and in `RemoteJudge` (the HTTP backends):
 - bounded concurrency (a thread pool of `max_concurrency` requests in flight);
-- the retry policy of every model-server client (`rollout.http_retry`: jittered exponential
+- the retry policy of every model-server client (`rised_jax.http_retry`: jittered exponential
   backoff, the server's Retry-After honoured) on transient errors (timeouts, connection
   errors, HTTP 408/429/5xx); a request that still fails marks its rollouts unjudged;
 - configuration errors (HTTP 401/403/404: bad key, no such model or endpoint) raise
@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from rised_jax.rollout import http_retry
+from rised_jax import http_retry
 from rised_jax.rubrics.parsing import parse_verdict
 from rised_jax.rubrics.prompt import JudgePrompt
 from rised_jax.rubrics.vocabulary import Vocabulary

@@ -3,7 +3,7 @@ cap and same-host redirects, whatever the SDK would do on its own.
 
 Both SDKs send through an httpx2 client, and both take one from the caller (`openai.OpenAI(
 http_client=)`, `google.genai.types.HttpOptions(httpx_client=)`). `client(...)` builds that
-client on `GuardedTransport`, which plays each exchange with `rollout.http_retry.exchange`
+client on `GuardedTransport`, which plays each exchange with `rised_jax.http_retry.exchange`
 (the stdlib transport of the SGLang client and the remote environments):
 
   deadline   `deadline(seconds)` around one SDK call bounds all of it: connect, send, headers,
@@ -33,7 +33,7 @@ from typing import Iterator
 
 import httpx2
 
-from rised_jax.rollout import http_retry
+from rised_jax import http_retry
 
 # The largest judge reply read (an answer is a few lines of JSON in an SDK envelope).
 DEFAULT_MAX_REPLY_BYTES = 8 << 20

@@ -41,7 +41,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Sequence
 
-from rised_jax.rollout import http_retry
+from rised_jax import http_retry
 from rised_jax.rubrics.judge import (FAILED, FATAL, TRANSIENT, JudgeError, JudgeStats, LLMJudge,
                                      RemoteJudge)
 from rised_jax.rubrics.vocabulary import Vocabulary

@@ -64,5 +64,5 @@ def build(kind: str, registry: Mapping[str, type[T]], name: str, *args: Any,
 
 def supplied_options(backend: str) -> tuple[str, ...]:
   """Options of a judge backend that the pipeline supplies itself: the in-process judge's
-  `generate_text` (the policy, through the rollout engine; `rollout.text.judge_options`)."""
+  `generate_text` (the policy, through the rollout engine; `rubrics.engine_text.judge_options`)."""
   return ("generate_text",) if backend == "inprocess" else ()

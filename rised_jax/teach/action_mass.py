@@ -95,12 +95,20 @@ def _last_logits(model, ids, mask, last):
   return model.logits(hidden[jnp.arange(hidden.shape[0]), last])
 
 
-def next_token_logits(model, prompts: Sequence[Sequence[int]]) -> np.ndarray:
-  """[N, V] float32 logits of the token after each prompt: one forward, right-padded."""
-  width = -(-max(map(len, prompts)) // PAD_MULTIPLE) * PAD_MULTIPLE
-  ids = np.zeros((len(prompts), width), np.int32)
+def next_token_logits(model, prompts: Sequence[Sequence[int]], *, rows: int = 0,
+                      widths: Sequence[int] = ()) -> np.ndarray:
+  """[N, V] float32 logits of the token after each prompt: one forward, right-padded.
+
+  The forward's shape is fixed by the caller so that it compiles once: at least `rows` rows
+  (one-token filler rows past the prompts, dropped from the result) and the smallest of
+  `widths` that holds the longest prompt (else that length rounded up to PAD_MULTIPLE)."""
+  longest = max(map(len, prompts))
+  width = min((w for w in widths if w >= longest),
+              default=-(-longest // PAD_MULTIPLE) * PAD_MULTIPLE)
+  ids = np.zeros((max(rows, len(prompts)), width), np.int32)
   mask = np.zeros_like(ids)
+  mask[:, 0] = 1   # filler rows attend to one token (a row attending to none has no softmax)
+  last = np.zeros(len(ids), np.int32)
   for r, prompt in enumerate(prompts):
-    ids[r, :len(prompt)], mask[r, :len(prompt)] = prompt, 1
-  last = np.asarray([len(p) - 1 for p in prompts], np.int32)
-  return np.asarray(_last_logits(model, ids, mask, last))
+    ids[r, :len(prompt)], mask[r, :len(prompt)], last[r] = prompt, 1, len(prompt) - 1
+  return np.asarray(_last_logits(model, ids, mask, last))[:len(prompts)]

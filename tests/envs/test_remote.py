@@ -13,7 +13,7 @@ import pytest
 from rised_jax import envs
 from rised_jax.envs.remote import ALFWorld, RemoteEnvError, RemoteEnvironment, WebShop
 from rised_jax.model import tiny
-from rised_jax.rollout import http_retry
+from rised_jax import http_retry
 from rised_jax.rollout.agent_loop import AgentLoop, EnvironmentFailure
 from rised_jax.rollout.base import GenerationResult, SamplingParams
 from rised_jax.types import Task

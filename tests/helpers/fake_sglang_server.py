@@ -1,7 +1,9 @@
 """A loopback stand-in for an SGLang server's native HTTP API, with fault injection.
 
 Follows the request/response schema of SGLang's `/generate` (GenerateReqInput, SamplingParams),
-`/update_weights_from_disk`, `/flush_cache`, `/health` and `/get_model_info` (as listed in
+`/update_weights_from_disk`, `/update_weights_from_tensor` (UpdateWeightsFromTensorReqInput:
+one base64 text entry per TP rank; `tensor_loader` gets the decoded bytes of the first),
+`/flush_cache`, `/health` and `/get_model_info` (as listed in
 shared/peers/README.md and checked against sglang-jax 0.1.0rc0), and is strict about it:
 unknown keys and invalid values are answered with HTTP 400 and SGLang's error shape
 {"error": {"message": …}}, so a client that sends a wrong payload fails here.
@@ -40,6 +42,7 @@ A reply too large to read (the client must stop at its cap):
 """
 from __future__ import annotations
 
+import base64
 import collections
 import http.server
 import json
@@ -67,6 +70,11 @@ SAMPLING_KEYS = frozenset({
 UPDATE_WEIGHTS_KEYS = frozenset({
     "model_path", "load_format", "flush_cache", "abort_all_requests", "weight_version",
     "is_async", "torch_empty_cache", "keep_pause",
+})
+# UpdateWeightsFromTensorReqInput fields.
+UPDATE_TENSOR_KEYS = frozenset({
+    "serialized_named_tensors", "load_format", "flush_cache", "abort_all_requests",
+    "weight_version", "disable_draft_model", "torch_empty_cache",
 })
 FAULTS = frozenset({"http500", "http400", "drop", "delay", "truncate", "bad_json",
                     "no_output_ids", "wrong_ids", "abort", "http429", "http408", "http503",
@@ -141,7 +149,9 @@ class FakeSGLangServer:
                delay_s: float = 2.0, logprob_snapshots: bool = False, drip_s: float = 0.05,
                retry_after: str | None = None, huge_bytes: int = 1 << 20,
                has_weight_endpoint: bool = True,
-               weight_loader: Callable[[str], None] | None = None):
+               weight_loader: Callable[[str], None] | None = None,
+               has_tensor_endpoint: bool = True,
+               tensor_loader: Callable[[bytes], None] | None = None):
     self.vocab_size = vocab_size
     self.eos_token_id = eos_token_id
     self.special_token_ids = frozenset(special_token_ids)
@@ -153,6 +163,8 @@ class FakeSGLangServer:
     self.huge_bytes = huge_bytes     # padding of an injected "huge" reply
     self.has_weight_endpoint = has_weight_endpoint
     self.weight_loader = weight_loader   # called with model_path; raising = a failed load
+    self.has_tensor_endpoint = has_tensor_endpoint
+    self.tensor_loader = tensor_loader   # called with one entry's pickle bytes; raising = failed
     self.model_path = "/fake/model"
     self.weight_version: str | None = None
     self.calls: list[tuple[str, str, Any]] = []   # (method, path, parsed JSON body or None)
@@ -319,6 +331,26 @@ class FakeSGLangServer:
     return 200, {"success": True, "message": "Succeeded to update model weights.",
                  "num_paused_requests": 0}
 
+  def _update_tensors(self, body: Any) -> tuple[int, dict[str, Any]]:
+    if not isinstance(body, dict):
+      raise BadRequest("the body must be a JSON object")
+    unknown = set(body) - UPDATE_TENSOR_KEYS
+    if unknown:
+      raise BadRequest(f"unexpected UpdateWeightsFromTensorReqInput fields {sorted(unknown)}")
+    entries = body.get("serialized_named_tensors")
+    if not isinstance(entries, list) or not entries or not all(
+        isinstance(e, str) for e in entries):
+      raise BadRequest("serialized_named_tensors must be a non-empty list of base64 strings")
+    try:
+      data = base64.b64decode(entries[0], validate=True)
+      if self.tensor_loader is not None:
+        self.tensor_loader(data)
+    except Exception as error:  # the server reports any load failure as success=false
+      return 400, {"success": False, "message": f"Failed to update weights: {error}"}
+    if body.get("weight_version") is not None:
+      self.weight_version = body["weight_version"]
+    return 200, {"success": True, "message": "Succeeded to update model weights."}
+
   def _handler_class(self) -> type[http.server.BaseHTTPRequestHandler]:
     server = self
 
@@ -433,6 +465,8 @@ class FakeSGLangServer:
               server.in_flight -= 1
         if (method, path) == ("POST", "/update_weights_from_disk") and server.has_weight_endpoint:
           return server._update_weights(body)
+        if (method, path) == ("POST", "/update_weights_from_tensor") and server.has_tensor_endpoint:
+          return server._update_tensors(body)
         return 404, {"detail": "Not Found"}
 
     return Handler

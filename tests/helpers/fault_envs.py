@@ -4,6 +4,9 @@
 Both are FrozenLake with one fault on the seeds `fault_every` divides (seed % fault_every == 0):
   Wordy       its first observation is `words` words long (a web page, a long room)
   HugeReward  its first step rewards `reward` (1e39: finite in Python, inf in float32)
+
+Each spells out FrozenLake's knobs in its own signature: the environment protocol reads the
+knobs a class accepts from its `__init__` signature (rised_jax.envs), so `**knobs` would hide them.
 """
 from __future__ import annotations
 

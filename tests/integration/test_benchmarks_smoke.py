@@ -43,6 +43,8 @@ def test_train_step_json_is_what_main_returned(train_step_run):
   assert written == json.loads(json.dumps(returned))
   assert written["benchmark"] == "train_step"
   assert len(written["machine"]["load_average_1_5_15"]) == 3
+  assert len(written["machine"]["load_average_after"]) == 3
+  assert written["machine"]["limits"]["read_bytes_per_s"] > 0
   assert [m["model"] for m in written["models"]] == [TINY]
 
 
@@ -292,6 +294,28 @@ def test_e2e_json_rates_and_shares_follow_from_its_times(e2e_run):
   assert set(written["ours_agentic"]["stage_s"]) == {
       "rollout", "judge", "advantages", "select", "teacher", "batch", "step", "sync"}
   assert written["ours_agentic"]["trained_tokens_per_iteration"] > 0
+
+
+def test_e2e_limit_fractions_follow_from_the_probe(e2e_run):
+  _, written = e2e_run
+  machine = written["machine"]
+  limits = machine["limits"]
+  assert len(limits["load_average_before"]) == len(machine["load_average_after"]) == 3
+  assert limits["matmul_flops_per_s"] > 0 and limits["read_bytes_per_s"] > 0
+  for name in ("tunix", "ours_common"):
+    if name not in written:
+      continue
+    part, fractions = written[name], written[name]["limit_fractions"]
+    update = part["stage_s"].get("step", part["stage_s"].get("update"))
+    assert _close(fractions["rollout_of_bandwidth_bound"], fractions["decode_read_bytes"]
+                  / part["stage_s"]["rollout"] / limits["read_bytes_per_s"])
+    assert _close(fractions["step_of_matmul_rate"],
+                  fractions["step_model_flops"] / update / limits["matmul_flops_per_s"])
+  agentic = written["ours_agentic"]
+  (work,) = agentic["step_work"]   # one timed iteration
+  assert _close(agentic["step_mfu"],
+                work["tflops"] * 1e12 / work["compute_s"] / limits["matmul_flops_per_s"])
+  assert _close(agentic["step_trained_tokens_per_s"], work["trained_tokens"] / work["compute_s"])
 
 
 def test_e2e_ratio_follows_from_reported_rates(e2e_run):

@@ -21,7 +21,8 @@ def _config(model_dir):
 
 
 def _without_wall_clock(records):
-  return [{k: v for k, v in r.items() if k not in ("time", "wall") and not k.startswith("time/")}
+  return [{k: v for k, v in r.items()
+           if k not in ("time", "wall", "sync/seconds") and not k.startswith("time/")}
           for r in records]
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from rised_jax.model import save_pretrained
-from rised_jax.rollout.sglang_engine import EXPORT_MARKER, SGLangEngine
+from rised_jax.model.hf_io import EXPORT_MARKER_FILE, export_manifest
+from rised_jax.rollout.sglang_engine import VERSION_KEY, SGLangEngine
 from tests.helpers import step_fixtures
 from tests.helpers.fake_sglang_server import FakeSGLangServer
 from tests.helpers.model_utils import tiny_tokenizer
@@ -75,10 +76,13 @@ def test_weight_sync_posts_once_after_the_files_are_written(two_process_run, tmp
                     "flush_cache": True, "abort_all_requests": False, "weight_version": "1"}]
   reference = save_pretrained(step_fixtures.tiny_model(), tiny_tokenizer(), tmp_path / "ref",
                               dtype="bfloat16")
-  # The served folder is the export plus the weight sync's marker (what pruning may delete).
-  assert [EXPORT_MARKER in load for load in loads] == [True]
-  assert [{k: v for k, v in load.items() if k != EXPORT_MARKER} for load in loads] == [
-      _digests(reference)]
+  # The served folder is the export, its manifest also naming the weight sync's version
+  # (by which pruning knows the folders it may delete).
+  def files(digests):
+    return {k: v for k, v in digests.items() if k != EXPORT_MARKER_FILE}
+  assert [files(load) for load in loads] == [files(_digests(reference))]
+  assert export_manifest(tmp / "weights" / "v1") == {**export_manifest(reference),
+                                                     VERSION_KEY: 1}
   assert sorted(os.listdir(tmp / "weights")) == ["v1"]   # no staging directory left
 
 

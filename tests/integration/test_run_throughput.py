@@ -17,7 +17,9 @@ from tests.helpers.run_fixtures import REPO, TINY_CONFIG
 def _run(workdir, model_dir, cache_root, *extra):
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
              RISED_JAX_CACHE=str(cache_root))
+  # The run's own cache settings (a fresh RISED_JAX_CACHE), not the test session's.
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
   result = subprocess.run(
       [sys.executable, "-m", "rised_jax.main", f"--config={TINY_CONFIG}:grpo",
        f"--workdir={workdir}", f"--config.model.source={model_dir}", "--config.train.steps=1",

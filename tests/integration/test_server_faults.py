@@ -176,3 +176,33 @@ def test_a_run_on_a_faulty_server_drops_and_counts_and_stays_finite(server, toke
     assert line["rollout/server_retries"] == sum(bad)   # one retry per poisoned request
     assert line["judge/failed"] == 0
   assert sum(line["rollout/groups_dropped"] for line in lines) > 0
+  # Each step's sync exported version step + 1 (both kept): sync/bytes are its files.
+  for step, line in enumerate(lines):
+    export = workdir / "weights" / f"v{step + 1}"
+    assert line["sync/bytes"] == sum(p.stat().st_size for p in export.iterdir())
+    assert line["sync/seconds"] > 0
+
+
+def test_a_run_syncs_weights_by_tensor_and_writes_none(server, tmp_path):
+  server.reset()
+  model_dir = tiny.write(tmp_path / "model", ["frozenlake"])
+  config = agentic_config()
+  config.model.source = str(model_dir)
+  config.rollout.engine = "sglang"
+  config.rollout.sglang_url = server.url
+  config.rollout.sglang.weight_sync = "tensor"
+  config.train.steps = 2
+  config.eval.episodes_per_env = 2
+  workdir = tmp_path / "run"
+  trainer.train(config, workdir)
+  lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  lines = [line for line in lines if "time/rollout" in line]
+  posts = server.calls_to("/update_weights_from_tensor")
+  # The whole tiny model fits one bucket: one request per step, versions 1 and 2.
+  assert [p["weight_version"] for p in posts] == ["1", "2"]
+  assert [line["sync/bytes"] for line in lines] == [
+      float(len(p["serialized_named_tensors"][0])) for p in posts]
+  assert not server.calls_to("/update_weights_from_disk")
+  assert not (workdir / "weights").exists()
+  # The fake's log-probs follow its own rule, not the policy: the check sees a wrong sampler.
+  assert all(line["rollout/logprob_diff"] > 0.1 for line in lines)

@@ -302,3 +302,68 @@ def test_bad_inputs_are_rejected_before_the_scan(data):
       chunked.token_stats_chunked(**kwargs)
   with pytest.raises(ValueError, match=r"teacher_hidden must be \[B, T, D\]"):
     chunked.teacher_token_stats_chunked(t[0], head, y, chunk=4)
+
+
+def _positions():
+  """Needed target columns: row 0 four scattered ones, row 1 the last two (of T = 13)."""
+  positions = np.zeros((B, T), np.float32)
+  positions[0, [3, 4, 5, 9]] = 1.0
+  positions[1, [11, 12]] = 0.5      # a loss weight, still a needed column
+  return positions
+
+
+@pytest.mark.parametrize("chunk", [2, 3, 16])
+def test_positions_match_numpy_on_the_needed_columns(data, chunk):
+  """With `positions`, the needed columns' values and the gradients of an objective over them
+  equal the float64 reference (unneeded columns weigh 0 there); the other columns are 0."""
+  positions = _positions()
+  needed = positions > 0
+  masked = dict(data, coef=data["coef"] * needed)
+  values, grad_student, grad_w = numpy_reference(masked)
+  fn = jax.jit(jax.value_and_grad(
+      lambda s, t, w: chunked_loss(s, t, w, data["targets"], masked["coef"], chunk=chunk,
+                                   want_teacher_token_stats=True, positions=positions),
+      argnums=(0, 1, 2), has_aux=True))
+  (_, stats), (g_student, g_teacher, g_w) = fn(data["student"], data["teacher"], data["w"])
+  for name, want in values.items():
+    np.testing.assert_allclose(getattr(stats, name), np.where(needed, want, 0.0), rtol=RTOL,
+                               atol=ATOL, err_msg=name)
+  np.testing.assert_allclose(g_student, grad_student, rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(g_w, grad_w, rtol=RTOL, atol=ATOL)
+  np.testing.assert_array_equal(g_teacher, 0.0)
+  logprob, log_max = jax.jit(lambda t: chunked.teacher_token_stats_chunked(
+      t, linear_head(data["w"]), data["targets"], chunk=chunk, positions=positions))(
+          data["teacher"])
+  np.testing.assert_allclose(logprob, np.where(needed, values["teacher_logprob"], 0.0),
+                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(log_max, np.where(needed, values["teacher_log_max_prob"], 0.0),
+                             rtol=RTOL, atol=ATOL)
+
+
+def test_positions_run_the_head_over_the_needed_chunks_only(data):
+  """The head runs once per chunk that holds a needed column after packing: row 0's four
+  needed columns fill 2 chunks of 2, so 2 of the 6 chunks, not all 6."""
+  calls = []
+
+  def counting_head(h):
+    jax.debug.callback(lambda: calls.append(1))
+    return h @ data["w"]
+
+  def run(positions, chunk=2):
+    calls.clear()
+    stats = jax.jit(lambda s: chunked.token_stats_chunked(
+        s, None, counting_head, data["targets"], chunk=chunk, positions=positions))(
+            data["student"])
+    jax.block_until_ready(stats)
+    return len(calls)
+
+  assert run(None) == 6
+  assert run(_positions()) == 2
+  assert run(np.zeros((B, T), np.float32)) == 0
+  assert run(_positions(), chunk=16) == 1   # one chunk: nothing to skip, no packing
+
+
+def test_positions_shape_is_checked(data):
+  with pytest.raises(ValueError, match="positions shape"):
+    chunked.token_stats_chunked(data["student"], None, linear_head(data["w"]), data["targets"],
+                                chunk=4, positions=np.ones((B, T - 1)))

@@ -72,3 +72,37 @@ def test_peak_source():
   measured = flops.Throughput.for_devices(CFG, "float32", ref_kl=False)   # CPU: not listed
   assert measured.peak_source.startswith("measured float32")
   assert 1e7 < measured.peak_flops_per_s < 1e14
+
+
+def test_decode_read_bytes_hand_worked():
+  # One token's K and V over 2 layers of 2 kv heads of 4, float32: 2·2·2·4·4 = 128 bytes.
+  assert flops.kv_bytes_per_token(CFG, 4) == 128
+  assert flops.kv_bytes_per_token(CFG, 2) == 64
+  # 4 decode steps after 5-token prompts attend over 5, 6, 7, 8 cached tokens (26 per row):
+  # 4 reads of 1000 weight bytes + 3 rows · 128 bytes · 26 tokens.
+  assert flops.decode_read_bytes(CFG, 1000, rows=3, prompt_len=5, new_tokens=4,
+                                 itemsize=4) == 4 * 1000 + 3 * 128 * 26
+  assert flops.decode_read_bytes(CFG, 1000, rows=3, prompt_len=5, new_tokens=0, itemsize=4) == 0
+  with pytest.raises(ValueError, match="non-negative"):
+    flops.decode_read_bytes(CFG, 1000, rows=-1, prompt_len=5, new_tokens=4, itemsize=4)
+
+
+def test_limit_fraction_hand_worked():
+  # 2 GFLOP in 0.5 s is 4 GFLOP/s, half of an 8 GFLOP/s matmul rate.
+  assert flops.limit_fraction(2e9, 0.5, 8e9) == pytest.approx(0.5)
+  # 13 984 bytes (the decode above) in 1 µs against 20 GB/s: 13.984 GB/s, 69.92 %.
+  assert flops.limit_fraction(13_984, 1e-6, 20e9) == pytest.approx(0.6992)
+  for seconds, rate in ((0.0, 1.0), (1.0, 0.0)):
+    with pytest.raises(ValueError, match="seconds > 0"):
+      flops.limit_fraction(1.0, seconds, rate)
+
+
+def test_step_flops_with_the_head_over_some_columns():
+  # The head over 4 columns in all instead of 3 rows · 5: unembed 2 · 16 · 50 · 4 = 6 400 per
+  # forward; the layers' FLOPs are those of the whole batch. Student + one teacher: 4 forwards.
+  full = flops.train_step_flops(CFG, 3, 6, teacher_forwards=1)
+  some = flops.train_step_flops(CFG, 3, 6, teacher_forwards=1, head_positions=4)
+  assert full["unembed"] == 4 * 2 * 16 * 50 * 3 * 5
+  assert some["unembed"] == 4 * 6_400
+  assert some["linear"] == full["linear"] and some["attention"] == full["attention"]
+  assert some["total"] == some["linear"] + some["attention"] + 4 * 6_400

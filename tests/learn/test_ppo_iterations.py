@@ -143,6 +143,7 @@ def test_learning_rate_schedule_counts_training_steps_not_updates():
     train_step.StepConfig(num_iterations=0)
 
 
+@pytest.mark.slow
 def test_resume_with_two_iterations_is_bit_exact(tmp_path):
   """Adam's count advances twice per step, the schedule once: a restored state continues the
   uninterrupted run's numbers exactly."""
@@ -178,6 +179,7 @@ def test_resume_with_two_iterations_is_bit_exact(tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_the_tiny_dapo_preset_clips(tmp_path):
   """The dapo preset's μ = 4 on the tiny Signpost game (the smoke setting's rewards are all 0,
   so it has no advantage to clip): the logged clip fractions are > 0 on both sides. The model

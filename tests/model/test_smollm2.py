@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from rised_jax import demo
-from rised_jax.model import from_pretrained, packaged
+from rised_jax.model import packaged
 
 torch = pytest.importorskip("torch")
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
@@ -21,11 +21,6 @@ from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # noq
 
 NAME = "smollm2-135m-instruct"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def ours():
-  return from_pretrained(NAME, "float32")
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +37,9 @@ def reference():
   return model.eval(), tokenizer
 
 
-def test_logits_match_transformers(ours, reference):
-  model, tokenizer = ours
+@pytest.mark.slow
+def test_logits_match_transformers(smollm2, reference):
+  model, tokenizer = smollm2
   ref_model, ref_tokenizer = reference
   texts = ["The capital of France is", "def add(a, b):\n    return",
            tokenizer.render_chat(FRANCE)]
@@ -64,8 +60,9 @@ def test_logits_match_transformers(ours, reference):
   assert np.array_equal(logits[valid].argmax(-1), expected[valid].argmax(-1))
 
 
-def test_greedy_answer_names_paris_like_transformers(ours, reference):
-  model, tokenizer = ours
+@pytest.mark.slow
+def test_greedy_answer_names_paris_like_transformers(smollm2, reference):
+  model, tokenizer = smollm2
   ref_model, _ = reference
   prompt = tokenizer.encode_chat(FRANCE)
   [answer] = demo.greedy_generate(model, [prompt], 16, tokenizer.stop_token_ids)
@@ -77,8 +74,9 @@ def test_greedy_answer_names_paris_like_transformers(ours, reference):
   assert answer == expected[0, len(prompt):].tolist()
 
 
-def test_tokenizer_matches_transformers(ours, reference):
-  _, tokenizer = ours
+@pytest.mark.slow
+def test_tokenizer_matches_transformers(smollm2, reference):
+  _, tokenizer = smollm2
   _, ref_tokenizer = reference
   rendered = ref_tokenizer.apply_chat_template(FRANCE, tokenize=False, add_generation_prompt=True)
   assert tokenizer.render_chat(FRANCE) == rendered
@@ -92,9 +90,10 @@ def test_tokenizer_matches_transformers(ours, reference):
   assert tokenizer.vocab_size == len(ref_tokenizer) == 49152
 
 
-def test_demo_prints_the_answer(ours, capsys, monkeypatch):
+@pytest.mark.slow
+def test_demo_prints_the_answer(smollm2, capsys, monkeypatch):
   loaded = []
-  monkeypatch.setattr(demo, "from_pretrained", lambda name: loaded.append(name) or ours)
+  monkeypatch.setattr(demo, "from_pretrained", lambda name: loaded.append(name) or smollm2)
   assert demo.main(["--prompt", "What is the capital of France?", "--max-new-tokens", "12"]) == 0
   assert loaded == [NAME]
   out = capsys.readouterr().out

@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from tests.helpers import model_utils as mu
-from rised_jax.model import ModelConfig, Tokenizer, from_pretrained
+from rised_jax.model import ModelConfig, Tokenizer
 from rised_jax.rollout.agent_loop import AgentLoop, EnvironmentFailure, make_env, sampling_seed
 from rised_jax.rollout.base import GenerationRequest, GenerationResult, SamplingParams
 from rised_jax.rollout.chat import ChatFormat
@@ -38,12 +38,6 @@ GEMMA_STYLE_TEMPLATE = (
     "{{ (prefix if loop.first else '') + (m['content'] | trim) }}<end_of_turn>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-  """(model, tokenizer) of the packaged SmolLM2-135M-Instruct."""
-  return from_pretrained("smollm2-135m-instruct", "float32")
 
 
 @pytest.fixture(scope="module")
@@ -474,6 +468,7 @@ def test_prefix_reuse_gives_the_same_rollouts(tokenizer):
       [(t.token_ids, t.behaviour_logprobs) for t in reused]
 
 
+@pytest.mark.slow
 def test_packaged_smollm2_end_to_end(smollm2):
   model, tokenizer = smollm2
   engine = JaxEngine(model, max_batch=4, prompt_buckets=(512,), max_new_tokens_buckets=(32,))

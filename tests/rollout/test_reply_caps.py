@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rised_jax.envs.remote import RemoteEnvironment
-from rised_jax.rollout import http_retry
+from rised_jax import http_retry
 from rised_jax.rollout.base import GenerationRequest, SamplingParams
 from rised_jax.rollout.sglang_engine import SGLangEngine, SGLangError
 from tests.helpers.fake_sglang_server import FakeSGLangServer

@@ -14,9 +14,12 @@ import transformers
 
 from tests.helpers.fake_sglang_server import FakeSGLangServer
 from rised_jax import model as rised_model
-from rised_jax.rollout import http_retry
+from rised_jax import http_retry
+from rised_jax.model import save_pretrained
+from rised_jax.model.hf_io import export_manifest
 from rised_jax.rollout.base import GenerationFailed, GenerationRequest, SamplingParams
-from rised_jax.rollout.sglang_engine import (SGLangEngine, SGLangError, SGLangGenerationFailed,
+from rised_jax.rollout.sglang_engine import (VERSION_KEY, SGLangEngine, SGLangError,
+                                             SGLangGenerationFailed,
                                              parse_generate_response, validate_request)
 
 GREEDY = SamplingParams(max_new_tokens=4, temperature=0.0)
@@ -547,12 +550,15 @@ def test_weight_sync_prunes_only_the_folders_it_wrote(fake, tmp_path, tiny_model
   foreign = tmp_path / "w" / "v1"
   foreign.mkdir(parents=True)
   (foreign / "model.safetensors").write_bytes(b"someone else's weights")
+  # A user's own export (a manifest, but no weight-sync version in it) is not the sync's either.
+  users = save_pretrained(model, tokenizer, tmp_path / "w" / "v0")
   with weight_engine(fake, tmp_path, tokenizer, keep_versions=1) as client:
     for version in (2, 3, 4):
       client.update_weights(model, version)
-  assert sorted(os.listdir(tmp_path / "w")) == ["v1", "v4"]
+  assert sorted(os.listdir(tmp_path / "w")) == ["v0", "v1", "v4"]
   assert (foreign / "model.safetensors").read_bytes() == b"someone else's weights"
-  assert (tmp_path / "w" / "v4" / ".rised_jax_export").is_file()
+  assert VERSION_KEY not in export_manifest(users)
+  assert export_manifest(tmp_path / "w" / "v4")[VERSION_KEY] == 4
 
 
 def test_weight_sync_never_overwrites_a_version_folder_it_did_not_write(fake, tmp_path,
@@ -562,8 +568,8 @@ def test_weight_sync_never_overwrites_a_version_folder_it_did_not_write(fake, tm
   foreign.mkdir(parents=True)
   (foreign / "notes.txt").write_text("keep me")
   with weight_engine(fake, tmp_path, tokenizer) as client:
-    with pytest.raises(SGLangError, match=r"w/v2 exists and was not written by a weight export "
-                                          r"\(no \.rised_jax_export in it\)"):
+    with pytest.raises(SGLangError, match=r"w/v2 exists and was not written by a weight sync "
+                                          r"\(its export manifest names no weight_sync_version\)"):
       client.update_weights(model, version=2)
     client.update_weights(model, version=3)   # a version of its own is exported as usual
   assert (foreign / "notes.txt").read_text() == "keep me"

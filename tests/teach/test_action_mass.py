@@ -1,6 +1,7 @@
 """Valid-action mass (rised_jax.teach.action_mass) and the agentic pipeline's
 teacher/valid_action_mass_ratio, against hand-worked values and a numpy softmax of the model's
 full logits."""
+import jax
 import numpy as np
 import pytest
 
@@ -43,6 +44,7 @@ def _softmax(row):
   return e / e.sum()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reply_prefix", ["", "<answer>"])
 def test_pipeline_ratio_matches_a_numpy_reference(reply_prefix):
   """teacher_metrics against the model's full logits at each training row's last prefix
@@ -82,3 +84,43 @@ def test_no_metric_without_a_teacher():
   assert all(p is None for p in record.teacher_prefixes)
   model = from_config(tiny.tiny_config(tokenizer.vocab_size), 0)
   assert pipeline.teacher_metrics(record, model) == {}
+
+
+def _backend_compiles(fn):
+  """(fn(), the number of XLA backend compiles it ran)."""
+  compiles = []
+
+  def on_duration(event, duration, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(duration)
+
+  jax.monitoring.register_event_duration_secs_listener(on_duration)
+  try:
+    out = fn()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(on_duration)
+  return out, len(compiles)
+
+
+def test_next_token_logits_compile_once_for_any_prompts_within_the_buckets():
+  """Different prompt counts and lengths inside the given rows and widths reuse one compiled
+  forward (the per-step teacher metric recompiled at every new prompt width before), and each
+  prompt's logits are those of the model's own forward over that prompt alone."""
+  model = from_config(tiny.tiny_config(50), 5)
+  rng = np.random.default_rng(0)
+  first = [rng.integers(1, 50, 70).tolist(), rng.integers(1, 50, 9).tolist()]
+  second = [rng.integers(1, 50, n).tolist() for n in (3, 120, 31, 64)]
+  buckets = dict(rows=4, widths=(128, 256))
+  logits, _ = _backend_compiles(lambda: action_mass.next_token_logits(model, first, **buckets))
+  again, compiles = _backend_compiles(
+      lambda: action_mass.next_token_logits(model, second, **buckets))
+  assert compiles == 0
+  for prompts, got in ((first, logits), (second, again)):
+    assert got.shape == (len(prompts), 50)
+    for prompt, row in zip(prompts, got):
+      want = np.asarray(model(np.asarray([prompt])))[0, -1]
+      np.testing.assert_allclose(row, want, rtol=1e-4, atol=1e-4)
+  # A prompt longer than every width: the PAD_MULTIPLE bucket of its length.
+  long = [rng.integers(1, 50, 300).tolist()]
+  np.testing.assert_allclose(action_mass.next_token_logits(model, long, **buckets)[0],
+                             np.asarray(model(np.asarray(long)))[0, -1], rtol=1e-4, atol=1e-4)

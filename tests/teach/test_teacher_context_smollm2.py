@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks import teacher_context as bench
-from rised_jax.model import from_pretrained, packaged
+from rised_jax.model import packaged
 from rised_jax.model.errors import ModelFileNotFoundError
 from rised_jax.rollout.chat import ChatFormat
 from rised_jax.rubrics import Vocabulary
@@ -21,15 +21,16 @@ NAME = "smollm2-135m-instruct"
 INSTANCES = 6
 
 
-@pytest.fixture(scope="module")
-def smollm2():
+@pytest.fixture(scope="module", autouse=True)
+def packaged_smollm2_installed():
+  """Skips (before conftest's `smollm2` loads it) where the packaged model is not installed."""
   try:
     packaged.resolve(NAME)
   except ModelFileNotFoundError as e:
     pytest.skip(str(e))
-  return from_pretrained(NAME, "float32")
 
 
+@pytest.mark.slow
 def test_shipped_teacher_prompt_keeps_the_valid_action_mass(smollm2):
   model, tokenizer = smollm2
   vocab = Vocabulary.load("agentic_v1")

@@ -1,9 +1,10 @@
 """Rule-judge events of the real environment suites, from each suite's own signals.
 
-The rule-based judge (`rule_judge`) reads only `rised_jax.types.Event` values; the built-in
-games emit them from their own models. The suite adapters (`rised_jax.envs.babyai`,
-`scienceworld_env`, `twx`) emit them from what the suite itself reports, by the one mapping
-below, so every tag of the shared vocabulary means the same thing on every environment:
+The rule-based judge (`rised_jax.rubrics.rule_judge`) reads only `rised_jax.types.Event`
+values; the built-in games emit them from their own models. The suite adapters
+(`rised_jax.envs.babyai`, `scienceworld_env`, `twx`) emit them from what the suite itself
+reports, by the one mapping below, so every tag of the shared vocabulary means the same thing
+on every environment:
 
 | suite signal                                                   | event                | tags it feeds |
 | -------------------------------------------------------------- | -------------------- | ------------- |
