@@ -46,7 +46,7 @@ import argparse
 import json
 import random
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -208,12 +208,10 @@ def _loss(params, graphdef, rest, batch):
   return (nll * mask).sum() / mask.sum()
 
 
-def train(steps: int, seed: int, batch_size: int, learning_rate: float, log_every: int = 50,
-          game: str = "frozenlake", avoid_share: float = 0.0, prior_share: float = 0.0):
-  """(model, tokenizer, data, loss history) after `steps` supervised steps on `game`."""
-  tokenizer = tiny.build_tokenizer(tokenizer_words(game))
-  model = from_config(tiny.tiny_config(tokenizer.vocab_size), seed)
-  data = Data(tokenizer, seed, game=game, avoid_share=avoid_share, prior_share=prior_share)
+def fit(model, batch: Callable[[], dict[str, np.ndarray]], steps: int, learning_rate: float,
+        log_every: int, what: str = "warm-start"):
+  """(model, loss history) after `steps` Adam steps on the masked next-token NLL of
+  `batch()`'s target tokens (`_loss`). A non-finite loss stops it before anything is saved."""
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   optimizer = optax.adam(learning_rate)
   opt_state = optimizer.init(params)
@@ -226,14 +224,24 @@ def train(steps: int, seed: int, batch_size: int, learning_rate: float, log_ever
 
   losses = []
   for i in range(steps):
-    params, opt_state, loss = step(params, opt_state, data.batch(batch_size))
+    params, opt_state, loss = step(params, opt_state, batch())
     loss = float(loss)
     if not np.isfinite(loss):
-      raise FloatingPointError(f"warm-start step {i}: loss {loss}; nothing saved")
+      raise FloatingPointError(f"{what} step {i}: loss {loss}; nothing saved")
     losses.append(loss)
     if log_every and (i + 1) % log_every == 0:
       print(f"step {i + 1}: loss {np.mean(losses[-log_every:]):.4f}", flush=True)
-  return nnx.merge(graphdef, params, rest), tokenizer, data, losses
+  return nnx.merge(graphdef, params, rest), losses
+
+
+def train(steps: int, seed: int, batch_size: int, learning_rate: float, log_every: int = 50,
+          game: str = "frozenlake", avoid_share: float = 0.0, prior_share: float = 0.0):
+  """(model, tokenizer, data, loss history) after `steps` supervised steps on `game`."""
+  tokenizer = tiny.build_tokenizer(tokenizer_words(game))
+  model = from_config(tiny.tiny_config(tokenizer.vocab_size), seed)
+  data = Data(tokenizer, seed, game=game, avoid_share=avoid_share, prior_share=prior_share)
+  model, losses = fit(model, lambda: data.batch(batch_size), steps, learning_rate, log_every)
+  return model, tokenizer, data, losses
 
 
 def precheck(model, tokenizer, data: Data) -> dict[str, float]:

@@ -53,7 +53,6 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from rised_jax import warmstart
@@ -182,27 +181,9 @@ def train(steps: int, seed: int, batch_size: int, learning_rate: float, log_ever
   tokenizer = tiny.build_tokenizer(tokenizer_words())
   model = from_config(tiny.tiny_config(tokenizer.vocab_size), seed)
   data = Data(tokenizer, seed)
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  optimizer = optax.adam(learning_rate)
-  opt_state = optimizer.init(params)
-
-  @jax.jit
-  def step(params, opt_state, batch):
-    # The copy task's loss: the masked next-token NLL of the target tokens.
-    loss, grads = jax.value_and_grad(warmstart._loss)(params, graphdef, rest, batch)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  losses = []
-  for i in range(steps):
-    params, opt_state, loss = step(params, opt_state, data.batch(batch_size))
-    loss = float(loss)
-    if not np.isfinite(loss):
-      raise FloatingPointError(f"CriPO warm-start step {i}: loss {loss}; nothing saved")
-    losses.append(loss)
-    if log_every and (i + 1) % log_every == 0:
-      print(f"step {i + 1}: loss {np.mean(losses[-log_every:]):.4f}", flush=True)
-  return nnx.merge(graphdef, params, rest), tokenizer, losses
+  model, losses = warmstart.fit(model, lambda: data.batch(batch_size), steps, learning_rate,
+                                log_every, what="CriPO warm-start")
+  return model, tokenizer, losses
 
 
 @nnx.jit
