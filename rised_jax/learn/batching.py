@@ -25,6 +25,9 @@ class Row:
   advantage: float                       # broadcast to every response token
   teacher_prefix_ids: Sequence[int] | None = None   # None: no distillation for this row
   cf_teacher_prefix_ids: Sequence[int] | None = None  # CriPO counterfactual teacher
+  # Whether the sampler saw `prefix_ids` (False: it sampled under a guidance hint the row is
+  # trained without), so its log-probs measure the sampler's weights only where this is True.
+  sampled_on_prefix: bool = True
 
 
 def bucket(length: int, multiple: int) -> int:
@@ -88,6 +91,7 @@ def assemble(rows: Sequence[Row], *, pad_id: int, num_rows: int | None = None,
       "loss_mask": zeros(np.float32),
       "advantages": zeros(np.float32),
       "behaviour_logprobs": zeros(np.float32),
+      "same_context_mask": zeros(np.float32),
   }
   if with_distill:
     out.update(teacher_input_ids=np.full((num_rows, t), pad_id, np.int32),
@@ -111,6 +115,7 @@ def assemble(rows: Sequence[Row], *, pad_id: int, num_rows: int | None = None,
     out["loss_mask"][i, p:p + n] = loss
     out["advantages"][i, p:p + n] = row.advantage * loss
     out["behaviour_logprobs"][i, p:p + n] = np.asarray(row.response_behaviour_logprobs) * loss
+    out["same_context_mask"][i, p:p + n] = loss * float(row.sampled_on_prefix)
     teachers = []   # (ids key, attention key, mask key, teacher prefix or None)
     if with_distill:
       teachers.append(("teacher_input_ids", "teacher_attention_mask", "distill_mask",

@@ -438,9 +438,11 @@ def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig,
                                          loss_mask, estimator="k3") * loss_mask).sum(),
   )
   if "behaviour_logprobs" in mb:   # the sampler against π_old on the same tokens: a stale or
-    # wrong sampler (a weight sync that did not happen) shows here
-    metrics["logprob_diff"] = (jnp.abs(mb["behaviour_logprobs"] - old_logprobs)
-                               * loss_mask).sum()
+    # wrong sampler (a weight sync that did not happen) shows here. Only where the sampler saw
+    # the trained prefix: under a guidance hint its log-probs differ by the hint, not weights.
+    same = mb.get("same_context_mask", loss_mask).astype(jnp.float32) * loss_mask
+    metrics["logprob_diff"] = (jnp.abs(mb["behaviour_logprobs"] - old_logprobs) * same).sum()
+    metrics["logprob_diff_tokens"] = same.sum()
 
   if config.distills:
     distill_mask = mb["distill_mask"].astype(jnp.float32)
@@ -502,7 +504,7 @@ def update_is_acceptable(params, new_params, max_ratio: float) -> tuple[Array, A
 
 # Step metrics that count tokens or rows of the batch (the others are means or fractions).
 COUNT_METRICS = ("loss_tokens", "sequences", "distill_tokens", "kept_tokens", "cf_tokens",
-                 "flipped_tokens")
+                 "flipped_tokens", "rollout/logprob_diff_tokens")
 
 
 def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
@@ -583,8 +585,10 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
         "loss_tokens": tokens,
         "sequences": (loss_mask.sum(-1) > 0).sum().astype(jnp.float32),
     }
-    if "logprob_diff" in metric_sums:   # mean |log π_sampler − log π_old| per loss token
-      metrics["rollout/logprob_diff"] = per_token(metric_sums["logprob_diff"])
+    if "logprob_diff" in metric_sums:   # mean |log π_sampler − log π_old| per compared token
+      metrics["rollout/logprob_diff"] = losses.mean_from_parts(
+          metric_sums["logprob_diff"], metric_sums["logprob_diff_tokens"])
+      metrics["rollout/logprob_diff_tokens"] = metric_sums["logprob_diff_tokens"]
     if config.distills:
       # kept_frac: kept tokens over the injection rows' distillation tokens.
       distill_tokens = (batch["distill_mask"] > 0).sum().astype(jnp.float32)

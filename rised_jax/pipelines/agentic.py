@@ -284,13 +284,14 @@ class AgenticPipeline:
       group = record.pool[i]
       plain_prefix, teacher_ids = self._prompts(group, teacher_prefix)
       for traj, adv in zip(group.trajectories, record.advantages[i]):
-        prefix = (traj.token_ids[:traj.prompt_len] if self.config.guidance.train_with_hint
-                  else plain_prefix)
+        with_hint = self.config.guidance.train_with_hint
+        prefix = traj.token_ids[:traj.prompt_len] if with_hint else plain_prefix
         rows.append(Row(
             prefix_ids=prefix, response_ids=traj.token_ids[traj.prompt_len:],
             response_loss_mask=traj.loss_mask[traj.prompt_len:],
             response_behaviour_logprobs=traj.behaviour_logprobs[traj.prompt_len:],
-            advantage=float(adv), teacher_prefix_ids=teacher_ids))
+            advantage=float(adv), teacher_prefix_ids=teacher_ids,
+            sampled_on_prefix=with_hint or not traj.hint))
     return rows
 
   def observe(self, record: AgenticStep) -> None:

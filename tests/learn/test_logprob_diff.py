@@ -1,5 +1,7 @@
-"""rollout/logprob_diff: mean |log π_sampler(y_t) − log π_old(y_t)| over the loss tokens, the
-check that the sampler serves the trainer's weights (a skipped or failed weight sync shows)."""
+"""rollout/logprob_diff: mean |log π_sampler(y_t) − log π_old(y_t)| over the loss tokens of the
+rows sampled on their trained prefix, the check that the sampler serves the trainer's weights
+(a skipped or failed weight sync shows; a guidance hint, which changes the sampler's context,
+is left out)."""
 from __future__ import annotations
 
 import jax
@@ -26,6 +28,33 @@ def test_logprob_diff_is_the_mean_absolute_gap_on_the_loss_tokens():
   expected = np.abs(batch["behaviour_logprobs"] - np.asarray(old))[mask].mean()
   _, metrics = trainable.step(state, trainable.put_batch(batch))
   np.testing.assert_allclose(float(metrics["rollout/logprob_diff"]), expected, rtol=1e-4)
+
+
+def test_rows_sampled_under_a_hint_are_left_out_of_the_comparison():
+  trainable, state = train_step.create(step_fixtures.tiny_model(), step_fixtures.optimizer(),
+                                       step_fixtures.step_config(), _mesh())
+  batch = dict(step_fixtures.batch(0))
+  old, _ = step_fixtures.target_logprobs(trainable.compute_model(state), batch)
+  hinted = np.arange(len(batch["loss_mask"])) % 2 == 1   # every other row saw a hint
+  # The hinted rows' sampler log-probs are far off (a hint, not the weights): left out.
+  batch["behaviour_logprobs"] = np.where(hinted[:, None], batch["behaviour_logprobs"] - 3.0,
+                                         batch["behaviour_logprobs"]).astype(np.float32)
+  compared = (batch["loss_mask"] > 0) & ~hinted[:, None]
+  batch["same_context_mask"] = compared.astype(np.float32)
+  expected = np.abs(batch["behaviour_logprobs"] - np.asarray(old))[compared].mean()
+  _, metrics = trainable.step(state, trainable.put_batch(batch))
+  np.testing.assert_allclose(float(metrics["rollout/logprob_diff"]), expected, rtol=1e-4)
+  assert float(metrics["rollout/logprob_diff_tokens"]) == compared.sum()
+
+
+def test_assemble_marks_only_rows_sampled_on_their_prefix():
+  rows = [batching.Row(prefix_ids=[1, 2], response_ids=[3, 4, 5], response_loss_mask=[1, 0, 1],
+                       response_behaviour_logprobs=[-1.0, 0.0, -2.0], advantage=1.0,
+                       sampled_on_prefix=on_prefix) for on_prefix in (True, False)]
+  batch = batching.assemble(rows, pad_id=0, prefix_multiple=2, response_multiple=4)
+  # Prefix width 2, then the response: loss tokens at columns 2 and 4 of the first row only.
+  np.testing.assert_array_equal(batch["same_context_mask"],
+                                [[0, 0, 1, 0, 1, 0], [0, 0, 0, 0, 0, 0]])
 
 
 def _rows(engine, prompts):
