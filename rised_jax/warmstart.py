@@ -187,16 +187,7 @@ class Data:
     return prompt, self.tokenizer.encode(move) + self.end
 
   def batch(self, size: int) -> dict[str, np.ndarray]:
-    rows = [self.row() for _ in range(size)]
-    width = max(len(p) + len(t) for p, t in rows)
-    ids = np.zeros((size, width), np.int32)
-    mask = np.zeros_like(ids)
-    loss_mask = np.zeros(ids.shape, np.float32)
-    for r, (prompt, target) in enumerate(rows):
-      full = prompt + target
-      ids[r, :len(full)], mask[r, :len(full)] = full, 1
-      loss_mask[r, len(prompt) - 1:len(full) - 1] = 1.0   # positions that predict the target
-    return {"ids": ids, "mask": mask, "loss_mask": loss_mask}
+    return pack([self.row() for _ in range(size)])
 
 
 def _loss(params, graphdef, rest, batch):
@@ -206,6 +197,22 @@ def _loss(params, graphdef, rest, batch):
   nll = -jnp.take_along_axis(logp, batch["ids"][:, 1:, None], -1)[..., 0]
   mask = batch["loss_mask"][:, :-1]
   return (nll * mask).sum() / mask.sum()
+
+
+def pack(rows: Sequence[tuple[list[int], list[int]]], multiple: int = 1
+         ) -> dict[str, np.ndarray]:
+  """(prompt, target) token rows as the supervised batch `_loss` reads: ids and attention
+  mask right-padded to a multiple of `multiple`, the loss on the positions predicting the
+  target."""
+  width = -(-max(len(p) + len(t) for p, t in rows) // multiple) * multiple
+  ids = np.zeros((len(rows), width), np.int32)
+  mask = np.zeros_like(ids)
+  loss_mask = np.zeros(ids.shape, np.float32)
+  for r, (prompt, target) in enumerate(rows):
+    full = prompt + target
+    ids[r, :len(full)], mask[r, :len(full)] = full, 1
+    loss_mask[r, len(prompt) - 1:len(full) - 1] = 1.0   # positions that predict the target
+  return {"ids": ids, "mask": mask, "loss_mask": loss_mask}
 
 
 def fit(model, batch: Callable[[], dict[str, np.ndarray]], steps: int, learning_rate: float,

@@ -149,16 +149,7 @@ class Data:
     return self.tokenizer.encode(" ".join(words)) + [self.tokenizer.eos_token_id]
 
   def batch(self, size: int) -> dict[str, np.ndarray]:
-    rows = [self.row() for _ in range(size)]
-    width = -(-max(len(p) + len(t) for p, t in rows) // PAD_MULTIPLE) * PAD_MULTIPLE
-    ids = np.zeros((size, width), np.int32)
-    mask = np.zeros_like(ids)
-    loss_mask = np.zeros(ids.shape, np.float32)
-    for r, (prompt, target) in enumerate(rows):
-      full = prompt + target
-      ids[r, :len(full)], mask[r, :len(full)] = full, 1
-      loss_mask[r, len(prompt) - 1:len(full) - 1] = 1.0   # positions that predict the target
-    return {"ids": ids, "mask": mask, "loss_mask": loss_mask}
+    return warmstart.pack([self.row() for _ in range(size)], PAD_MULTIPLE)
 
 
 def student_prefix(tokenizer, task: tasks_lib.RubricTask) -> list[int]:
