@@ -361,6 +361,9 @@ def update(run: Run, batch, compiled_shapes: set | None = None) -> dict[str, flo
     run.state, metrics = run.trainable.step(run.state, run.trainable.put_batch(batch))
     metrics = {k: float(v) for k, v in metrics.items()}   # waits for the step
     seconds = time.perf_counter() - start
+  if metrics.get("rollout/logprob_diff_tokens") == 0:
+    # A mean over no compared token is undefined: a logged 0 would read as a sampler in sync.
+    del metrics["rollout/logprob_diff"]
   if announce:
     compiled_shapes.add(shape)
     hit = " (from the compilation cache)" if compiles["cache_hits"] else ""

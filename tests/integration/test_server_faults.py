@@ -205,4 +205,7 @@ def test_a_run_syncs_weights_by_tensor_and_writes_none(server, tmp_path):
   assert not server.calls_to("/update_weights_from_disk")
   assert not (workdir / "weights").exists()
   # The fake's log-probs follow its own rule, not the policy: the check sees a wrong sampler.
-  assert all(line["rollout/logprob_diff"] > 0.1 for line in lines)
+  # Step 2's rows are sampled under a guidance hint, so it compares none and logs no mean.
+  assert [line["rollout/logprob_diff_tokens"] > 0 for line in lines] == [True, False]
+  assert lines[0]["rollout/logprob_diff"] > 0.1
+  assert "rollout/logprob_diff" not in lines[1]
