@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,16 +16,12 @@ from rised_jax.rollout.sglang_engine import VERSION_KEY, SGLangEngine
 from tests.helpers import step_fixtures
 from tests.helpers.fake_sglang_server import FakeSGLangServer
 from tests.helpers.model_utils import tiny_tokenizer
+from tests.helpers.ports import free_port
 
 HARNESS = Path(__file__).resolve().parents[1] / "helpers" / "step_harness.py"
 REPO = HARNESS.parents[2]
 SHARD_BYTES = 50_000   # the tiny model's ~0.2 MB of float32 weights in several shards
 
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _digests(directory: Path) -> dict[str, str]:
@@ -43,7 +38,7 @@ def two_process_run(tmp_path_factory):
   loads = []   # the files as the server found them when asked to load
   with FakeSGLangServer(vocab_size=step_fixtures.VOCAB,
                         weight_loader=lambda path: loads.append(_digests(Path(path)))) as fake:
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
     procs = [subprocess.Popen(
         [sys.executable, str(HARNESS), "--out", str(tmp / f"host{pid}.npz"), "--devices", "2",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,15 +15,11 @@ import pytest
 
 from tests.helpers.fake_sglang_server import FakeSGLangServer
 from tests.helpers.rollout_harness import pipeline_and_tokenizer
+from tests.helpers.ports import free_port
 
 HARNESS = Path(__file__).resolve().parents[1] / "helpers" / "rollout_harness.py"
 REPO = HARNESS.parents[2]
 
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _run(pipeline: str, tmp: Path, processes: int, *extra: str):
@@ -32,7 +27,7 @@ def _run(pipeline: str, tmp: Path, processes: int, *extra: str):
   _, tokenizer = pipeline_and_tokenizer(pipeline)
   with FakeSGLangServer(vocab_size=tokenizer.vocab_size,
                         eos_token_id=tokenizer.eos_token_id) as fake:
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
     outs = [tmp / f"{pipeline}-{processes}-{pid}.json" for pid in range(processes)]
     procs = [subprocess.Popen(

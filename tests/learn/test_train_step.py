@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from flax import nnx
 from rised_jax import parallel
 from rised_jax.learn import train_step
 from tests.helpers import step_fixtures
+from tests.helpers.ports import free_port
 
 HARNESS = Path(__file__).resolve().parents[1] / "helpers" / "step_harness.py"
 REPO = HARNESS.parents[2]
@@ -234,14 +234,9 @@ def test_sharded_step_equals_single_device(tmp_path, single_device_run, mesh):
   _assert_same(single_device_run, sharded)
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
 
 def test_multi_host_two_processes_equal_single_device(tmp_path, single_device_run):
-  port = _free_port()
+  port = free_port()
   procs = []
   for pid in range(2):
     procs.append(_harness(tmp_path, f"host{pid}", "--devices", "2", "--mesh", "1,2,2",

@@ -3,7 +3,6 @@ retries, concurrency and weight sync. Fast: no model server, no accelerator."""
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import jax.numpy as jnp
@@ -13,6 +12,7 @@ import tokenizers
 import transformers
 
 from tests.helpers.fake_sglang_server import FakeSGLangServer
+from tests.helpers.ports import free_port
 from rised_jax import model as rised_model
 from rised_jax import http_retry
 from rised_jax.model import save_pretrained
@@ -57,11 +57,6 @@ def engine(fake):
   with SGLangEngine(fake.url, timeout_s=5.0, max_retries=3, backoff_s=0.01) as client:
     yield client
 
-
-def free_port() -> int:
-  with socket.socket() as sock:
-    sock.bind(("127.0.0.1", 0))
-    return sock.getsockname()[1]
 
 
 # -- payloads and parsing -------------------------------------------------------------------

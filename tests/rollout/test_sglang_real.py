@@ -13,7 +13,6 @@ import dataclasses
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import time
 
@@ -27,6 +26,7 @@ from tokenizers import models, pre_tokenizers
 from rised_jax import model as rised_model
 from rised_jax.rollout.base import GenerationRequest, SamplingParams
 from rised_jax.rollout.sglang_engine import SGLangEngine, SGLangError
+from tests.helpers.ports import free_port
 
 # Starting the server and compiling its shapes takes 40-110 s on 2 CPU cores.
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -63,11 +63,6 @@ def build_tokenizer() -> rised_model.Tokenizer:
       additional_special_tokens=["<|im_end|>"])
   return rised_model.Tokenizer(hf_tokenizer)
 
-
-def free_port() -> int:
-  with socket.socket() as sock:
-    sock.bind(("127.0.0.1", 0))
-    return sock.getsockname()[1]
 
 
 @dataclasses.dataclass
