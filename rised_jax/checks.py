@@ -8,12 +8,14 @@ integer / real type (Python and NumPy scalars alike):
   is_number(v, finite=True)          a real number, not a bool (finite unless told otherwise)
   is_http_url(v)                     a string http(s)://HOST[...] URL
   with named("config.judge"): ...    a ValueError inside gets the key it is about in front
+  check_field_types(cfg)             a dataclass's float fields finite, int fields integers
 
 Each caller keeps its own error message (what the value is for, and the range it needs).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import numbers
 import urllib.parse
@@ -45,3 +47,25 @@ def named(where: str) -> Iterator[None]:
     yield
   except ValueError as e:
     raise ValueError(f"{where}: {e}") from None
+
+
+def check_field_types(cfg) -> None:
+  """Float fields finite, int fields integers (None where the annotation allows it), of a
+  dataclass instance whose annotations are strings (`from __future__ import annotations`).
+
+  First in `__post_init__`: NaN passes every `x <= 0` check, and a string would fail later
+  inside a comparison with a message that names no field.
+  """
+  for field in dataclasses.fields(cfg):
+    value, kind = getattr(cfg, field.name), str(field.type)
+    if value is None and "None" in kind:
+      continue
+    if isinstance(value, bool):
+      number = integer = False
+    else:
+      number = isinstance(value, numbers.Real) and math.isfinite(value)
+      integer = isinstance(value, numbers.Integral)
+    if kind.startswith("float") and not number:
+      raise ValueError(f"{field.name}={value!r}: expected a finite number")
+    if kind.startswith("int") and not integer:
+      raise ValueError(f"{field.name}={value!r}: expected an integer")

@@ -147,7 +147,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.guidance.options = ml_collections.ConfigDict(dict(rate=0.1, threshold=0.3, top_m=2))
 
   c.step = ml_collections.ConfigDict({
-      k: v for k, v in dataclasses.asdict(train_step.StepConfig(beta=0.05)).items()
+      k: v for k, v in train_step.StepConfig(beta=0.05).as_keys().items()
       if k not in STEP_KEYS_IN_TRAIN})
   c.optim = ml_collections.ConfigDict(dataclasses.asdict(train_step.OptimizerConfig()))
   c.batching = ml_collections.ConfigDict(dict(prefix_multiple=64, response_multiple=128,
@@ -319,6 +319,9 @@ def describe(config: ml_collections.ConfigDict) -> str:
   def fields(obj) -> str:
     return " ".join(f"{f.name}={getattr(obj, f.name)}" for f in dataclasses.fields(obj))
 
+  def keys(settings: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in settings.items())
+
   rubric = config.pipeline == "rubric"
   lines = [
       f"algorithm  {config.algorithm}",
@@ -339,7 +342,7 @@ def describe(config: ml_collections.ConfigDict) -> str:
               f"judge      {config.judge.backend} {config.judge.options.to_dict()}, vocabulary "
               f"{config.judge.vocabulary or 'agentic_v1'}"]
   lines += [f"advantage  {config.advantage}",
-            f"step       {fields(step_config(config))}",
+            f"step       {keys(step_config(config).as_keys())}",
             f"optimizer  {fields(optimizer_config(config))}",
             f"mesh       {config.mesh.to_dict()} (checked against the devices at start-up)"]
   return "\n".join(lines)
@@ -351,7 +354,10 @@ STEP_KEYS_IN_TRAIN = ("num_iterations", "mini_batches")
 
 
 def step_config(config: ml_collections.ConfigDict) -> train_step.StepConfig:
-  cfg = _typed(train_step.StepConfig, config.step, "config.step")
+  """`config.step` keys (and the schedule's under `config.train`) as the typed step config:
+  each key goes to the loss term's config that owns it (`train_step.KEY_OWNERS`)."""
+  cfg = _typed(train_step.StepConfig, config.step, "config.step",
+               known=set(train_step.KEY_OWNERS))
   schedule = {k: config.train[k] for k in STEP_KEYS_IN_TRAIN}
   try:
     return dataclasses.replace(cfg, **schedule)
@@ -364,8 +370,9 @@ def optimizer_config(config: ml_collections.ConfigDict) -> train_step.OptimizerC
   return dataclasses.replace(cfg, total_steps=max(cfg.total_steps, config.train.steps))
 
 
-def _typed(cls, node: ml_collections.ConfigDict, where: str):
-  known = {f.name for f in dataclasses.fields(cls)}
+def _typed(cls, node: ml_collections.ConfigDict, where: str, known: set[str] | None = None):
+  """cls(**node) with errors that name `where`; `known`: the keys it takes (its fields)."""
+  known = known or {f.name for f in dataclasses.fields(cls)}
   unknown = sorted(set(node.keys()) - known)
   if unknown:
     raise ValueError(f"{where} has unknown keys {unknown}; known: {sorted(known)}")

@@ -12,11 +12,12 @@ For each micro-batch: student hidden states (with gradient), teacher hidden stat
 teacher rows (stop-gradient; the live parameters by default, an EMA or the frozen initial
 parameters as options), then `chunked.token_stats_chunked` forms student and teacher logits one
 sequence chunk at a time and reduces them to per-token log-probs, entropies and divergences.
-From those [B, T] arrays: the clipped policy-gradient loss on per-token advantages (optionally
-edited by CriPO's counterfactual teacher, a second stop-gradient forward), the distillation
-loss on `distill_mask` (optionally localised, CriPO's UC branch), and the optional
-reference-KL penalty to the frozen initial policy (a stop-gradient forward of the student rows
-with `ref_params`). Every part is a (sum, denominator) pair; denominators are computed over
+From those [B, T] arrays the loss terms of `loss_terms.TERMS` that the config switches on: the
+clipped policy-gradient loss on per-token advantages (optionally edited by CriPO's
+counterfactual teacher, a second stop-gradient forward), the distillation loss on
+`distill_mask` (optionally localised, CriPO's UC branch), and the optional reference-KL
+penalty to the frozen initial policy (a stop-gradient forward of the student rows with
+`ref_params`). Every term is a (sum, denominator) pair; denominators are computed over
 the whole batch first, so accumulation over micro-batches and data-parallel shards gives the
 exact global mean (`micro_batches` only trades memory for time). The one denominator that
 depends on the forward pass, CriPO's kept-token count, comes from a stop-gradient pre-pass
@@ -32,8 +33,7 @@ StepConfig flags say which keys the step expects, so a missing key is an error b
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
+import functools
 from typing import Any, Callable, Mapping
 
 import jax
@@ -44,69 +44,43 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rised_jax import parallel
-from rised_jax.learn import chunked, cripo, losses, precision
+from rised_jax.checks import check_field_types
+from rised_jax.learn import chunked, cripo, loss_terms, losses, precision
 
 Array = jax.Array
 TEACHERS = ("live", "ema", "frozen")
 SCHEDULES = ("constant", "cosine", "linear")
-DISTILL_NORMS = ("distill-tokens", "kept-tokens")
 
 
-def check_field_types(cfg) -> None:
-  """Float fields finite, int fields integers (None where the annotation allows it).
-
-  First in `__post_init__`: NaN passes every `x <= 0` check, and a string would fail later
-  inside a comparison with a message that names no field.
-  """
-  for field in dataclasses.fields(cfg):
-    value, kind = getattr(cfg, field.name), str(field.type)
-    if value is None and "None" in kind:
-      continue
-    if isinstance(value, bool):
-      number = integer = False
-    else:
-      number = isinstance(value, numbers.Real) and math.isfinite(value)
-      integer = isinstance(value, numbers.Integral)
-    if kind.startswith("float") and not number:
-      raise ValueError(f"{field.name}={value!r}: expected a finite number")
-    if kind.startswith("int") and not integer:
-      raise ValueError(f"{field.name}={value!r}: expected an integer")
+# The loss terms' configs and CriPO's flips, by their `StepConfig` field.
+TERM_CONFIGS: Mapping[str, type] = {
+    **{name: term.config for name, term in loss_terms.TERMS.items()},
+    "flips": loss_terms.CounterfactualConfig,
+}
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class StepConfig:
-  """Static settings of the step (hashable: the step is compiled for one of these)."""
+  """Static settings of the step (hashable: the step is compiled for one of these).
 
-  # policy gradient (docs/ALGORITHMS.md §1.2)
-  aggregation: str = "seq-mean-token-mean"
-  eps_low: float = 0.2
-  eps_high: float = 0.2
-  dual_clip: float | None = None
-  importance_cap: float | None = 2.0       # truncated behaviour importance weight C
-  behaviour_weight: bool = True             # False: w_t = 1 (the no-correction control)
-  seq_len_norm: float = 1.0                 # L_norm of seq-mean-token-sum-norm
-  # reference KL to the initial policy (its frozen parameters are `TrainState.ref_params`)
-  ref_kl_coef: float = 0.0
-  ref_kl_estimator: str = "k3"
-  # distillation (§1.3, §1.4); beta = 0 switches the teacher off entirely
-  beta: float = 0.0
-  beta_warmup_steps: int = 0
-  teacher: str = "live"                     # live | ema | frozen
+  One small frozen config per loss term (`loss_terms.TERMS`) and one for CriPO's flips, each
+  owning its `config.step` keys and their checks, plus the step's own settings below. Built
+  from the flat keys, `StepConfig(beta=0.05, eps_high=0.28)`, each routed to the config that owns
+  it (`KEY_OWNERS`; term configs may be passed whole by their field name, and keys then replace
+  theirs); reading a key, `config.beta`, reads its owner's; `as_keys()` gives the flat keys back.
+  """
+
+  policy_gradient: loss_terms.PolicyGradientConfig = dataclasses.field(
+      default_factory=loss_terms.PolicyGradientConfig)
+  teacher_kl: loss_terms.TeacherKLConfig = dataclasses.field(
+      default_factory=loss_terms.TeacherKLConfig)
+  reference_kl: loss_terms.ReferenceKLConfig = dataclasses.field(
+      default_factory=loss_terms.ReferenceKLConfig)
+  flips: loss_terms.CounterfactualConfig = dataclasses.field(
+      default_factory=loss_terms.CounterfactualConfig)
+  # The stop-gradient teacher of the teacher KL and the flips: live | ema | frozen.
+  teacher: str = "live"
   ema_rate: float = 0.05
-  divergence: str = "forward-kl"
-  topk: int | None = None
-  clamp: float | None = None
-  # True: the loss uses min(d, clamp), so a token above the clamp has no gradient (verl's
-  # convention); False (needs localize): the clamp only ranks tokens for the localisation.
-  clamp_loss: bool = True
-  # CriPO (§3): localised distillation and the counterfactual advantage flip
-  localize: bool = False
-  localize_gamma: float = 0.95
-  localize_edge_frac: float = 0.01
-  distill_norm: str = "distill-tokens"      # normaliser of L_distill, see `_distill_denominator`
-  counterfactual: bool = False
-  flip_alpha: float = 0.1
-  flip_tau: float = 0.1
   # The update-size guard: a step whose update has ‖Δθ‖ > max_update_ratio · ‖θ‖ is skipped
   # (`update_is_acceptable`). Healthy runs measure far below 1 (docs/running.md#the-update-size-guard).
   max_update_ratio: float = 1.0
@@ -119,17 +93,26 @@ class StepConfig:
   chunk: int = 256
   micro_batches: int = 1
 
+  def __init__(self, **settings: Any):
+    fields = {f.name: f for f in dataclasses.fields(self)}
+    unknown = sorted(set(settings) - set(KEY_OWNERS) - set(TERM_CONFIGS))
+    if unknown:
+      raise TypeError(f"StepConfig got unknown keys {unknown}; known: {sorted(KEY_OWNERS)}")
+    for name, field in fields.items():
+      if name in TERM_CONFIGS:
+        keys = {k: v for k, v in settings.items() if KEY_OWNERS.get(k) == name}
+        given = settings.get(name)
+        value = (TERM_CONFIGS[name](**keys) if given is None
+                 else dataclasses.replace(given, **keys))
+      else:
+        value = settings.get(name, field.default)
+      object.__setattr__(self, name, value)
+    self.__post_init__()
+
   def __post_init__(self):
     check_field_types(self)
-    if self.aggregation not in losses.AGGREGATIONS:
-      raise ValueError(f"aggregation {self.aggregation!r}: expected one of "
-                       f"{sorted(losses.AGGREGATIONS)}")
     if self.teacher not in TEACHERS:
       raise ValueError(f"teacher {self.teacher!r}: expected one of {TEACHERS}")
-    if self.distill_norm not in DISTILL_NORMS:
-      raise ValueError(f"distill_norm {self.distill_norm!r}: expected one of {DISTILL_NORMS}")
-    if self.beta < 0 or self.ref_kl_coef < 0:
-      raise ValueError(f"beta ({self.beta}) and ref_kl_coef ({self.ref_kl_coef}) must be >= 0")
     if not self.max_update_ratio > 0:
       raise ValueError(f"max_update_ratio={self.max_update_ratio}: expected a number > 0 (the "
                        "largest accepted ‖Δθ‖ / ‖θ‖ of one update)")
@@ -137,19 +120,26 @@ class StepConfig:
       raise ValueError(f"micro_batches ({self.micro_batches}), chunk ({self.chunk}), "
                        f"num_iterations ({self.num_iterations}) and mini_batches "
                        f"({self.mini_batches}) must be >= 1")
-    if self.localize and not self.distills:
-      raise ValueError("localize=True needs a distillation weight beta > 0")
-    if not self.clamp_loss and not (self.localize and self.clamp is not None):
-      raise ValueError("clamp_loss=False keeps the clamp for the localisation ranking only, so it "
-                       f"needs localize=True and a clamp; got localize={self.localize}, "
-                       f"clamp={self.clamp}")
-    if self.ref_kl_estimator not in losses.KL_ESTIMATORS:
-      raise ValueError(f"ref_kl_estimator {self.ref_kl_estimator!r}: expected one of "
-                       f"{sorted(losses.KL_ESTIMATORS)}")
+
+  def __getattr__(self, key: str) -> Any:
+    """A `config.step` key a term config owns (called only for names that are no field)."""
+    owner = KEY_OWNERS.get(key)
+    if owner is None or owner not in TERM_CONFIGS:
+      raise AttributeError(f"StepConfig has no attribute or key {key!r}")
+    return getattr(getattr(self, owner), key)
+
+  def as_keys(self) -> dict[str, Any]:
+    """The flat `config.step` keys and their values (`KEY_OWNERS` order)."""
+    return {key: getattr(self, key) for key in KEY_OWNERS}
+
+  def active_terms(self) -> dict[str, tuple[loss_terms.LossTerm, Any]]:
+    """The loss terms switched on, in `loss_terms.TERMS` order: name → (term, its config)."""
+    return {name: (term, getattr(self, name)) for name, term in loss_terms.TERMS.items()
+            if getattr(self, name).active()}
 
   @property
   def distills(self) -> bool:
-    return self.beta > 0
+    return self.teacher_kl.active()
 
   @property
   def updates_per_step(self) -> int:
@@ -164,8 +154,9 @@ class StepConfig:
   @property
   def kept_pre_pass(self) -> bool:
     """Whether the kept set and its count come from a pre-pass (see `old_policy_pass`)."""
-    return self.localize and (self.fixed_per_batch or (self.distill_norm == "kept-tokens"
-                                                       and self.micro_batches > 1))
+    distill = self.teacher_kl
+    return distill.localize and (self.fixed_per_batch or (distill.distill_norm == "kept-tokens"
+                                                          and self.micro_batches > 1))
 
   @property
   def needs_teacher_params(self) -> bool:
@@ -173,7 +164,7 @@ class StepConfig:
 
   @property
   def needs_ref_params(self) -> bool:
-    return self.ref_kl_coef > 0
+    return self.reference_kl.active()
 
   def required_keys(self) -> tuple[str, ...]:
     keys = ["input_ids", "attention_mask", "loss_mask", "advantages"]
@@ -182,6 +173,15 @@ class StepConfig:
     if self.counterfactual:
       keys += ["cf_teacher_input_ids", "cf_teacher_attention_mask", "cf_mask"]
     return tuple(keys)
+
+
+# The one boundary between the flat `config.step` keys and the typed configs: each key → the
+# `StepConfig` field that owns it (a term config's field name, or the key itself for the step's
+# own settings).
+KEY_OWNERS: Mapping[str, str] = {
+    **{f.name: name for name, cls in TERM_CONFIGS.items() for f in dataclasses.fields(cls)},
+    **{f.name: f.name for f in dataclasses.fields(StepConfig) if f.name not in TERM_CONFIGS},
+}
 
 
 @jax.tree_util.register_dataclass
@@ -270,18 +270,6 @@ def make_optimizer(cfg: OptimizerConfig,
 # ----------------------------------------------------------------------------- the loss
 
 
-def _distill_denominator(config: StepConfig, distill_mask: Array) -> Array:
-  """The normaliser of L_distill when it is known before the forward pass.
-
-  "distill-tokens": the number of tokens in `distill_mask`, so L_distill is the mean divergence
-  over every distillation token, localisation zeroing the tokens it drops. "kept-tokens" (the
-  paper's "mean KL over the kept tokens"): without localisation the kept tokens are the
-  distillation tokens; with it, the count of the kept set, which `make_step_fn` takes from
-  `kept_token_mask` under micro-batching and `_micro_loss` counts in its pass otherwise.
-  """
-  return distill_mask.astype(jnp.float32).sum()
-
-
 def _teacher_model(params, teacher_params, graphdef, rest) -> nnx.Module:
   """The stop-gradient teacher: the live parameters, or the EMA / frozen ones."""
   frozen = params if teacher_params is None else teacher_params
@@ -297,10 +285,11 @@ def _distill_token_stats(model, teacher_model, config: StepConfig, mb: Mapping[s
   if config.distills and with_teacher:
     teacher_hidden = teacher_model.hidden_states(mb["teacher_input_ids"],
                                                  mb["teacher_attention_mask"])
+  distill = config.teacher_kl
   return chunked.token_stats_chunked(
       student_hidden, teacher_hidden, model.logits, mb["input_ids"], chunk=config.chunk,
-      divergence=config.divergence, topk=config.topk,
-      clamp=config.clamp if config.clamp_loss else None,
+      divergence=distill.divergence, topk=distill.topk,
+      clamp=distill.clamp if distill.clamp_loss else None,
       teacher_logits_fn=None if teacher_model is None else teacher_model.logits,
       positions=_used_positions(config, mb))
 
@@ -316,14 +305,6 @@ def _used_positions(config: StepConfig, mb: Mapping[str, Array]) -> Array:
   return used
 
 
-def _localised(config: StepConfig, divergence: Array, distill_mask: Array) -> Array:
-  """CriPO's kept tokens (float 0/1 [B, T]) from the per-token divergence."""
-  return cripo.localisation_mask(
-      jax.lax.stop_gradient(divergence), distill_mask, gamma=config.localize_gamma,
-      kl_clamp=config.clamp if config.clamp is not None else float("inf"),
-      edge_fraction=config.localize_edge_frac).astype(jnp.float32)
-
-
 def _counterfactual_flips(teacher_model, config: StepConfig, mb: Mapping[str, Array],
                           student_logprob: Array, advantages: Array) -> tuple[Array, Array]:
   """CriPO's SC branch: (edited advantages, float 0/1 flip mask), from a counterfactual-teacher
@@ -335,7 +316,7 @@ def _counterfactual_flips(teacher_model, config: StepConfig, mb: Mapping[str, Ar
       cf_hidden, teacher_model.logits, mb["input_ids"], chunk=config.chunk, positions=cf_mask)
   edited, flipped = cripo.counterfactual_flips(
       jax.lax.stop_gradient(student_logprob), cf_logprob, cf_log_max, advantages,
-      cf_mask, alpha=config.flip_alpha, tau_flip=config.flip_tau)
+      cf_mask, alpha=config.flips.flip_alpha, tau_flip=config.flips.flip_tau)
   return edited, flipped.astype(jnp.float32)
 
 
@@ -365,8 +346,8 @@ def old_policy_pass(params, rest, teacher_params, graphdef, config: StepConfig,
     stats = _distill_token_stats(model, teacher, config, mb, with_teacher=config.kept_pre_pass)
     out = {}
     if config.kept_pre_pass:
-      out["kept_mask"] = _localised(config, stats.divergence,
-                                    mb["distill_mask"].astype(jnp.float32))
+      out["kept_mask"] = loss_terms.kept_tokens(config.teacher_kl, stats.divergence,
+                                                mb["distill_mask"].astype(jnp.float32))
     if config.fixed_per_batch:
       out["old_logprobs"] = stats.logprob
       if config.counterfactual:
@@ -418,25 +399,7 @@ def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig,
 
   # A single update per batch takes the ratio against its own forward (r = 1 in value).
   old_logprobs = mb.get("old_logprobs", jax.lax.stop_gradient(stats.logprob))
-  pg = losses.clipped_policy_gradient(
-      stats.logprob, old_logprobs, advantages, loss_mask,
-      mb.get("behaviour_logprobs") if config.behaviour_weight else None,
-      eps_low=config.eps_low, eps_high=config.eps_high, dual_clip=config.dual_clip,
-      importance_cap=config.importance_cap)
-  pg_sum, _ = losses.AGGREGATIONS[config.aggregation](
-      pg.loss, loss_mask, seq_len_norm=config.seq_len_norm)
-  loss = pg_sum / jnp.maximum(denominators["pg"], 1e-9)
-
-  metrics.update(
-      pg_loss=pg_sum,
-      entropy=(stats.entropy * loss_mask).sum(),
-      clip_frac_low=(pg.clipped_low * loss_mask).sum(),
-      clip_frac_high=(pg.clipped_high * loss_mask).sum(),
-      dual_clip_frac=(pg.clipped_dual * loss_mask).sum(),
-      is_truncated_frac=(pg.weight_truncated * loss_mask).sum(),
-      approx_kl_old=(losses.reference_kl(jax.lax.stop_gradient(stats.logprob), old_logprobs,
-                                         loss_mask, estimator="k3") * loss_mask).sum(),
-  )
+  metrics["entropy"] = (stats.entropy * loss_mask).sum()
   if "behaviour_logprobs" in mb:   # the sampler against π_old on the same tokens: a stale or
     # wrong sampler (a weight sync that did not happen) shows here. Only where the sampler saw
     # the trained prefix: under a guidance hint its log-probs differ by the hint, not weights.
@@ -444,28 +407,20 @@ def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig,
     metrics["logprob_diff"] = (jnp.abs(mb["behaviour_logprobs"] - old_logprobs) * same).sum()
     metrics["logprob_diff_tokens"] = same.sum()
 
-  if config.distills:
-    distill_mask = mb["distill_mask"].astype(jnp.float32)
-    if config.kept_pre_pass:
-      distill_mask = mb["kept_mask"]
-    elif config.localize:
-      distill_mask = _localised(config, stats.divergence, distill_mask)
-    distill_sum = (stats.divergence * distill_mask).sum()
-    # One micro-batch and the whole batch in this pass: its kept count is the global one.
-    distill_den = (distill_mask.sum() if config.localize and config.distill_norm == "kept-tokens"
-                   and not config.kept_pre_pass else denominators["distill"])
-    loss = loss + beta * distill_sum / jnp.maximum(distill_den, 1e-9)
-    metrics.update(distill_loss=distill_sum, kept_tokens=distill_mask.sum())
-
-  if config.ref_kl_coef > 0:
-    ref_logprobs = _reference_logprobs(ref_params, graphdef, rest, config, mb)
-    ref_kl = losses.reference_kl(stats.logprob, ref_logprobs, loss_mask,
-                                 estimator=config.ref_kl_estimator)
-    ref_sum, _ = losses.AGGREGATIONS[config.aggregation](ref_kl, loss_mask,
-                                                         seq_len_norm=config.seq_len_norm)
-    loss = loss + config.ref_kl_coef * ref_sum / jnp.maximum(denominators["pg"], 1e-9)
-    metrics["ref_kl"] = ref_sum
-  return loss, metrics
+  inputs = loss_terms.TokenInputs(
+      logprob=stats.logprob, old_logprobs=old_logprobs, advantages=advantages,
+      loss_mask=loss_mask, behaviour_logprobs=mb.get("behaviour_logprobs"),
+      divergence=stats.divergence if config.distills else None,
+      distill_mask=mb["distill_mask"].astype(jnp.float32) if config.distills else None,
+      kept_mask=mb["kept_mask"] if config.kept_pre_pass else None,
+      ref_logprobs=(_reference_logprobs(ref_params, graphdef, rest, config, mb)
+                    if config.needs_ref_params else None),
+      beta=beta, denominators=denominators,
+      aggregate=functools.partial(loss_terms.aggregate, config.policy_gradient))
+  parts = {name: term.part(cfg, inputs) for name, (term, cfg) in config.active_terms().items()}
+  for part in parts.values():
+    metrics.update(part.metric_sums)
+  return loss_terms.total_loss(parts), metrics
 
 
 def _split_micro(batch: Mapping[str, Array], micro_batches: int) -> dict[str, Array]:
@@ -553,58 +508,32 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
     """One optimizer update on the (mini-)batch: (params, opt_state, metrics, applied). The
     loss is its own mean; `allowed` False (an earlier update of the batch was skipped), a
     non-finite loss or an unacceptably large update applies nothing."""
-    loss_mask = batch["loss_mask"].astype(jnp.float32)
-    _, pg_den = losses.AGGREGATIONS[config.aggregation](
-        jnp.zeros_like(loss_mask), loss_mask, seq_len_norm=config.seq_len_norm)
-    denominators = {"pg": pg_den}
-    if config.distills:
-      denominators["distill"] = (
-          batch["kept_mask"].sum() if config.kept_pre_pass and config.distill_norm == "kept-tokens"
-          else _distill_denominator(config, batch["distill_mask"]))
+    terms = config.active_terms()
+    denominators = {term.denominator[0]: term.denominator[1](cfg, batch)
+                    for term, cfg in terms.values() if term.denominator is not None}
     loss, metric_sums, grads = gradients(params, state, batch, denominators, beta)
     grad_norm = optax.tree.norm(grads)
     updates, new_opt_state = optimizer.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
 
+    loss_mask = batch["loss_mask"].astype(jnp.float32)
     tokens = loss_mask.sum()
-    per_token = lambda x: losses.mean_from_parts(x, tokens)  # noqa: E731
     metrics = {
         "loss": loss,
-        "pg_loss": losses.mean_from_parts(metric_sums["pg_loss"], pg_den),
-        "entropy": per_token(metric_sums["entropy"]),
-        # clip_frac_low: A < 0 and r < 1 − ε_low; clip_frac_high: A > 0 and r > 1 + ε_high
-        # (the tokens whose clipped branch is active); both 0 while r = 1.
-        "clip_frac": per_token(metric_sums["clip_frac_low"] + metric_sums["clip_frac_high"]),
-        "clip_frac_low": per_token(metric_sums["clip_frac_low"]),
-        "clip_frac_high": per_token(metric_sums["clip_frac_high"]),
-        "dual_clip_frac": per_token(metric_sums["dual_clip_frac"]),
-        "is_truncated_frac": per_token(metric_sums["is_truncated_frac"]),
-        "approx_kl_old": per_token(metric_sums["approx_kl_old"]),
+        "entropy": losses.mean_from_parts(metric_sums["entropy"], tokens),
         "grad_norm": grad_norm,
         "beta": beta,
         "loss_tokens": tokens,
         "sequences": (loss_mask.sum(-1) > 0).sum().astype(jnp.float32),
     }
+    for term, cfg in terms.values():
+      metrics.update(term.metrics(cfg, metric_sums, batch, denominators))
     if "logprob_diff" in metric_sums:   # mean |log π_sampler − log π_old| per compared token
       metrics["rollout/logprob_diff"] = losses.mean_from_parts(
           metric_sums["logprob_diff"], metric_sums["logprob_diff_tokens"])
       metrics["rollout/logprob_diff_tokens"] = metric_sums["logprob_diff_tokens"]
-    if config.distills:
-      # kept_frac: kept tokens over the injection rows' distillation tokens.
-      distill_tokens = (batch["distill_mask"] > 0).sum().astype(jnp.float32)
-      metrics["distill_loss"] = losses.mean_from_parts(metric_sums["distill_loss"],
-                                                       metric_sums["kept_tokens"])
-      metrics["distill_tokens"] = distill_tokens
-      metrics["kept_tokens"] = metric_sums["kept_tokens"]
-      metrics["kept_frac"] = losses.mean_from_parts(metric_sums["kept_tokens"], distill_tokens)
     if config.counterfactual:
-      # flip_frac: flipped tokens over the counterfactual rows' response (loss) tokens.
-      cf_tokens = (batch["cf_mask"] * loss_mask > 0).sum().astype(jnp.float32)
-      metrics["cf_tokens"] = cf_tokens
-      metrics["flipped_tokens"] = metric_sums["flipped_tokens"]
-      metrics["flip_frac"] = losses.mean_from_parts(metric_sums["flipped_tokens"], cf_tokens)
-    if config.ref_kl_coef > 0:
-      metrics["ref_kl"] = losses.mean_from_parts(metric_sums["ref_kl"], pg_den)
+      metrics.update(loss_terms.counterfactual_metrics(config.flips, metric_sums, batch))
 
     # A non-finite loss or gradient (or an update that overflows the parameters) applies
     # nothing: parameters and optimizer state stay bit-identical.
@@ -621,7 +550,8 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
     return params, opt_state, metrics, applied
 
   def step(state: TrainState, batch: Mapping[str, Array]):
-    beta = cripo.beta_schedule(state.step, config.beta, config.beta_warmup_steps)
+    beta = cripo.beta_schedule(state.step, config.teacher_kl.beta,
+                               config.teacher_kl.beta_warmup_steps)
     if config.kept_pre_pass or config.fixed_per_batch:
       fixed = old_policy_pass(state.params, rest, state.teacher_params, graphdef, config, batch)
       if "old_logprobs" in batch:   # a batch that brings its own π_old keeps it
