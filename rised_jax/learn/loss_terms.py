@@ -119,7 +119,8 @@ def policy_gradient(cfg: PolicyGradientConfig, x: TokenInputs) -> LossPart:
 def policy_gradient_metrics(cfg: PolicyGradientConfig, sums: Mapping[str, Array],
                             batch: Mapping[str, Array],
                             denominators: Mapping[str, Array]) -> dict[str, Array]:
-  per_token = lambda x: losses.mean_from_parts(x, batch["loss_mask"].astype(jnp.float32).sum())  # noqa: E731
+  tokens = batch["loss_mask"].astype(jnp.float32).sum()
+  per_token = lambda x: losses.mean_from_parts(x, tokens)  # noqa: E731
   return {
       "pg_loss": losses.mean_from_parts(sums["pg_loss"], denominators["pg"]),
       # clip_frac_low: A < 0 and r < 1 − ε_low; clip_frac_high: A > 0 and r > 1 + ε_high
