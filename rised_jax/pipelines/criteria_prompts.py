@@ -1,5 +1,6 @@
 """The rubric pipeline's chat: a criteria task's question as prompt ids, a sampled answer as the
-text the judge reads, the engine seed of each answer, and the engine limits they must fit.
+text the judge reads (and as a `Trajectory`), the engine seed of each answer, and the engine
+limits they must fit.
 
 Every prefix an answer follows (the question prompt, each teacher's chat) is rendered with the
 generation prompt and must end with the chat template's assistant start, checked, so the same
@@ -10,9 +11,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from rised_jax.rollout.agent_loop import sampling_seed
-from rised_jax.rollout.base import EngineLimits
+from rised_jax.rollout.base import EngineLimits, GenerationResult
 from rised_jax.rubric_tasks import RubricTask
-from rised_jax.types import Task
+from rised_jax.types import Task, Trajectory, Turn
 
 
 def assistant_start_ids(tokenizer) -> list[int]:
@@ -73,6 +74,23 @@ class QuestionChat:
   def answer_text(self, output_ids: Sequence[int]) -> str:
     return visible_answer(self.tokenizer.decode(output_ids, skip_special_tokens=True),
                           self.strip_thinking)
+
+  def answer_trajectory(self, task: RubricTask, prompt: Sequence[int],
+                        result: GenerationResult) -> Trajectory:
+    """One sampled answer after `prompt`: prompt ⊕ answer ids, the loss mask on the answer, the
+    sampler's log-probs and the visible answer text (`turns[0]`), not judged yet."""
+    answer = [int(t) for t in result.output_ids]
+    if not answer or len(result.logprobs) != len(answer):
+      raise RuntimeError(f"engine result for task {task.key} breaks the Engine contract: "
+                         f"{len(answer)} output ids, {len(result.logprobs)} log-probs")
+    text = self.answer_text(answer)
+    return Trajectory(task=task, token_ids=list(prompt) + answer,
+                      loss_mask=[0] * len(prompt) + [1] * len(answer),
+                      behaviour_logprobs=[0.0] * len(prompt) + [float(x) for x in result.logprobs],
+                      prompt_len=len(prompt),
+                      turns=[Turn(action_text=text, observation="", reward=0.0, done=True,
+                                  invalid=False, events=[])],
+                      success=False, reward=0.0, truncated=result.finish_reason == "length")
 
 
 def answer_seed(run_seed: int, task_set: str, index: int, task: RubricTask, rollout: int) -> int:

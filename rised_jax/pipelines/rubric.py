@@ -61,14 +61,16 @@ from rised_jax.learn.batching import Row
 from rised_jax.pipelines import criteria_eval
 from rised_jax.pipelines.criteria_prompts import (QuestionChat, answer_seed, check_answer_fits,
                                                   check_prompts_fit)
+from rised_jax.pipelines.records import require
 from rised_jax.pipelines.rubric_checks import check_config  # noqa: F401 - the pipeline's check
 from rised_jax.rollout import hosts
-from rised_jax.rollout.base import GenerationRequest, SamplingParams, generate_or_none
+from rised_jax.rollout.agent_loop import RolloutFaults
+from rised_jax.rollout.base import Generation, GenerationRequest, SamplingParams
 from rised_jax.rubric_tasks.split import eval_group_of, load_task_set, split_tasks
 from rised_jax.rubrics import criteria as criteria_lib
 from rised_jax.rubrics.engine_text import judge_options
 from rised_jax.teach import cripo_prefix
-from rised_jax.types import Group, Trajectory, Turn
+from rised_jax.types import Group, Trajectory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +91,8 @@ PrefixIds = tuple[int, ...] | None   # a teacher prefix of one rollout, or None:
 class RubricStep:
   """One training step of the rubric pipeline; each stage returns a copy with its fields set.
 
-  Per-group fields are tuples in pool order (K groups, G_k answers, C_k criteria each).
+  Per-group fields are tuples in pool order (K groups, G_k answers, C_k criteria each); a field
+  is None until the stage named after it has set it (`pipelines.records`).
 
   step, pool       the step and its groups; `group.task` is the `rubric_tasks.RubricTask`
                    (roll_out; judge replaces each trajectory by one with its reward and success)
@@ -127,14 +130,6 @@ class RubricStep:
     return self.teacher_ids is not None and any(ids is not None for ids in self.teacher_ids[k])
 
 
-def _require(record: RubricStep, stage: str, **fields: Any) -> None:
-  """Raises when `stage` runs before the stages that set `fields` (None: not set yet)."""
-  missing = [name for name, value in fields.items() if value is None]
-  if missing:
-    raise RuntimeError(f"rubric pipeline, step {record.step}: {stage} needs {missing}, which "
-                       "earlier stages set (order: roll_out, judge, advantages, select, teach)")
-
-
 class RubricPipeline:
 
   def __init__(self, config, engine, tokenizer):
@@ -167,11 +162,7 @@ class RubricPipeline:
     self.eval_episodes: list[dict[str, Any]] = []   # per-answer records: not kept yet
     self.split = hosts.splits(engine)   # each process rolls out its share (`rollout.hosts`)
 
-  # ---- stages -----------------------------------------------------------------------------
-  # roll_out touches only the task stream and the engine (it may run in a background thread
-  # while the main thread runs the later stages of the previous record); the later stages
-  # touch neither, except the in-process criteria judge, which the trainer runs before it
-  # launches the next roll_out.
+  # ---- stages (roll_out may run in a background thread: module docstring) ------------------
 
   def roll_out(self, step: int) -> RubricStep:
     indices = self.tasks.next(self.config.select.batch_groups)   # all B on every process
@@ -180,12 +171,12 @@ class RubricPipeline:
     if error is not None:
       return RubricStep(step=step, pool=(), faults={}, error=error)
     groups, faults = share
-    record = RubricStep(step=step, pool=tuple(groups), faults=faults)
+    record = RubricStep(step=step, pool=tuple(groups), faults=faults.metrics())
     # A split roll-out is checked whole, after the judge's gather.
     return record if self.split else hosts.require_groups(record, len(indices))
 
   def _roll_out_share(self, step: int, indices: Sequence[int]
-                      ) -> tuple[list[Group], dict[str, float]]:
+                      ) -> tuple[list[Group], RolloutFaults]:
     """The groups of the tasks `indices` (a failed request drops its group) and the faults."""
     group_size = self.config.rollout.group_size
     run_seed = self.config.seed * 1_000_003 + step
@@ -193,35 +184,18 @@ class RubricPipeline:
     requests = [GenerationRequest(self.prompt_ids[i], self.sampling,
                                   seed=answer_seed(run_seed, self.task_set.name, i, task, rollout))
                 for i, task in zip(indices, tasks) for rollout in range(group_size)]
-    retries, failed = self.engine.server_retries, self.engine.failed_requests
-    results = generate_or_none(self.engine, requests) if requests else []
-    if len(results) != len(requests):
-      raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
+    generation = self.engine.generate_counted(requests) if requests else Generation(())
+    if len(generation.results) != len(requests):
+      raise RuntimeError(f"engine returned {len(generation.results)} results for "
+                         f"{len(requests)} requests")
     groups = []
     for k, (i, task) in enumerate(zip(indices, tasks)):
-      mine = results[k * group_size:(k + 1) * group_size]
+      mine = generation.results[k * group_size:(k + 1) * group_size]
       if any(r is None for r in mine):   # a request failed: the whole group is dropped
         continue
-      groups.append(Group(task=task, trajectories=[self._trajectory(task, self.prompt_ids[i], r)
-                                                   for r in mine]))
-    faults = {"rollout/server_retries": float(self.engine.server_retries - retries),
-              "rollout/failed_requests": float(self.engine.failed_requests - failed),
-              "rollout/groups_dropped": float(len(tasks) - len(groups))}
-    return groups, faults
-
-  def _trajectory(self, task: rubric_tasks.RubricTask, prompt: list[int], result) -> Trajectory:
-    answer = [int(t) for t in result.output_ids]
-    if not answer or len(result.logprobs) != len(answer):
-      raise RuntimeError(f"engine result for task {task.key} breaks the Engine contract: "
-                         f"{len(answer)} output ids, {len(result.logprobs)} log-probs")
-    text = self.chat.answer_text(answer)
-    return Trajectory(task=task, token_ids=list(prompt) + answer,
-                      loss_mask=[0] * len(prompt) + [1] * len(answer),
-                      behaviour_logprobs=[0.0] * len(prompt) + [float(x) for x in result.logprobs],
-                      prompt_len=len(prompt),
-                      turns=[Turn(action_text=text, observation="", reward=0.0, done=True,
-                                  invalid=False, events=[])],
-                      success=False, reward=0.0, truncated=result.finish_reason == "length")
+      groups.append(Group(task=task, trajectories=[
+          self.chat.answer_trajectory(task, self.prompt_ids[i], r) for r in mine]))
+    return groups, RolloutFaults(len(tasks) - len(groups), generation.faults)
 
   def judge(self, record: RubricStep) -> RubricStep:
     """Verdicts r_ij per answer; each trajectory is replaced by one with R_i and success (every
@@ -268,7 +242,7 @@ class RubricPipeline:
 
   def advantages(self, record: RubricStep) -> RubricStep:
     """GRPO over each group's judged answers (0 for the unjudged) and CriPO's analysis."""
-    _require(record, "advantages", verdicts=record.verdicts, unjudged=record.unjudged)
+    require(record, "advantages", "verdicts", "unjudged")
     advantages, analyses = [], []
     for group, verdicts, unjudged in zip(record.pool, record.verdicts, record.unjudged):
       judged = np.flatnonzero(~unjudged)
@@ -291,7 +265,7 @@ class RubricPipeline:
     return dataclasses.replace(record, chosen=tuple(range(len(record.pool))))
 
   def teach(self, record: RubricStep) -> RubricStep:
-    _require(record, "teach", analysis=record.analysis, chosen=record.chosen)
+    require(record, "teach", "analysis", "chosen")
     injection = counterfactual = skipped_empty = 0
     rc = self.config.rubric
     chosen = set(record.chosen)
@@ -340,7 +314,7 @@ class RubricPipeline:
 
   def rows(self, record: RubricStep) -> list[Row]:
     """The chosen groups' rows, in pool order."""
-    _require(record, "rows", advantages=record.advantages, teacher_ids=record.teacher_ids)
+    require(record, "rows", "advantages", "teacher_ids")
     rows = []
     for k in record.chosen:
       group = record.pool[k]
@@ -374,8 +348,7 @@ class RubricPipeline:
     """Everything the step logs about its stages: the roll-out's faults, the judge's and the
     teacher's counters, and the diagnostics; `rollout/reward` is the mean reward of the judged
     answers (0 when none is judged, which `judge/failed` then shows)."""
-    _require(record, "metrics", judge_stats=record.judge_stats, analysis=record.analysis,
-             chosen=record.chosen, teacher_stats=record.teacher_stats)
+    require(record, "metrics", "judge_stats", "analysis", "chosen", "teacher_stats")
     trajectories = [t for g in record.pool for t in g.trajectories]
     unjudged = np.concatenate(record.unjudged)
     judged = [t for t, bad in zip(trajectories, unjudged) if not bad]
@@ -404,8 +377,7 @@ class RubricPipeline:
   def log_rollouts(self, log: runlog.RunLog, step: int, record: RubricStep) -> None:
     """Every answer of the pool (no tags: verdicts are per criterion, in the metrics); a group
     is marked `teacher` when the injection teacher distils one of its rows."""
-    _require(record, "log_rollouts", unjudged=record.unjudged, chosen=record.chosen,
-             teacher_ids=record.teacher_ids)
+    require(record, "log_rollouts", "unjudged", "chosen", "teacher_ids")
     chosen = set(record.chosen)
     notes = [runlog.GroupNotes(selected=k in chosen, teacher=record.teacher_applies(k),
                                unjudged=tuple(bool(u) for u in record.unjudged[k]))

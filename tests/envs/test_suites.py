@@ -110,7 +110,7 @@ def play_oracle_groups(tok, task: Task):
         f"<answer>{WRONG}</answer>" if turn == 0 else f"<answer>{plan[turn - 1]}</answer>")
   loop = AgentLoop(PlanEngine(tok, replies), tok, max_new_tokens_per_turn=64,
                    max_total_tokens=200_000, sampling=SamplingParams(max_new_tokens=64))
-  (group,) = loop.run([task], group_size=2, seed=RUN_SEED)
+  (group,) = loop.run([task], group_size=2, seed=RUN_SEED).groups
   return plan, group.trajectories
 
 

@@ -72,6 +72,6 @@ def test_hints_reach_training_rollouts_but_never_evaluation():
   pipeline.evaluate()
   assert engine.prompts and not any(_contains(p, hint_ids) for p in engine.prompts)
   # Training rows use the hint-free prompt by default (train_with_hint=False).
-  record = pipeline.select(pipeline.advantages(pipeline.judge(record)))
+  record = pipeline.teach(pipeline.select(pipeline.advantages(pipeline.judge(record))))
   rows = pipeline.rows(record)
   assert not any(_contains(list(r.prefix_ids), hint_ids) for r in rows)
