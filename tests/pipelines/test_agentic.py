@@ -3,6 +3,7 @@ that reach training rollouts but never evaluation prompts."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from rised_jax.learn import batching
 from tests.helpers.run_fixtures import frozenlake_pipeline as _pipeline
@@ -43,6 +44,18 @@ def test_teacher_rows_differ_from_student_rows_only_in_the_prefix():
   # The teacher prefix names successful behaviours; the student prefix does not.
   teacher_prefix = next(p for p in record.teacher_prefixes if p is not None)
   assert "Behaviours that succeed here" in teacher_prefix
+
+
+def test_a_stage_run_before_its_inputs_exist_names_them():
+  pipeline, _, _ = _pipeline("jump")
+  record = pipeline.roll_out(4)
+  assert (record.tags, record.chosen, record.teacher_prefixes) == (None, None, None)
+  with pytest.raises(RuntimeError, match=r"AgenticStep of step 4: rows needs \['advantages', "
+                                         r"'chosen', 'teacher_prefixes'\], which earlier stages "
+                                         r"set \(order: roll_out, judge, advantages"):
+    pipeline.rows(record)
+  with pytest.raises(RuntimeError, match=r"select needs \['tags'\]"):
+    pipeline.select(record)
 
 
 def test_groups_without_positives_get_no_distillation():

@@ -11,7 +11,7 @@ import pytest
 
 from rised_jax.model import tiny
 from rised_jax.rollout.agent_loop import AgentLoop, EnvironmentFailure, RolloutFaults
-from rised_jax.rollout.base import SamplingParams
+from rised_jax.rollout.base import EngineFaults, GenerationFailed, SamplingParams
 from rised_jax.types import Task
 from tests.helpers.fake_engine import FixedReplyEngine
 from tests.helpers.fault_envs import faulty
@@ -30,6 +30,34 @@ def loop(tokenizer, **kwargs):
   return AgentLoop(FixedReplyEngine(tokenizer, "<answer>jump</answer>"), tokenizer,
                    max_new_tokens_per_turn=8, max_total_tokens=512,
                    sampling=SamplingParams(max_new_tokens=8), **kwargs)
+
+
+class FailsOnFirstCall(FixedReplyEngine):
+  """Requests 1 and 4 of the first `generate` call fail (after retries, as a server reports)."""
+
+  def generate(self, requests, **options):
+    results = super().generate(requests, **options)
+    if len(self.calls) == 1:
+      raise GenerationFailed("2 requests failed", results=[
+          None if i in (1, 4) else r for i, r in enumerate(results)])
+    return results
+
+
+def test_a_run_returns_its_own_counts_with_its_groups(tokenizer):
+  agent = AgentLoop(FailsOnFirstCall(tokenizer, "<answer>jump</answer>"), tokenizer,
+                    max_new_tokens_per_turn=8, max_total_tokens=512,
+                    sampling=SamplingParams(max_new_tokens=8))
+  tasks = [Task("frozenlake", seed, KNOBS) for seed in range(3)]
+  # Requests 1 and 4 of turn 1 are rollout 1 of task 0 and rollout 0 of task 2: both groups go.
+  first = agent.run(tasks, group_size=2)
+  assert [g.task for g in first.groups] == tasks[1:2]
+  assert first.faults == RolloutFaults(groups_dropped=2, engine=EngineFaults(failed_requests=2))
+  assert first.faults.metrics() == {"rollout/server_retries": 0.0,
+                                    "rollout/failed_requests": 2.0,
+                                    "rollout/groups_dropped": 2.0}
+  # The next run counts from nothing: nothing is carried on the loop from run to run.
+  second = agent.run(tasks, group_size=2)
+  assert [g.task for g in second.groups] == tasks and second.faults == RolloutFaults()
 
 
 def test_a_first_observation_over_the_budget_drops_its_group_and_the_run_goes_on(tokenizer):
