@@ -92,7 +92,7 @@ class RubricStep:
   """One training step of the rubric pipeline; each stage returns a copy with its fields set.
 
   Per-group fields are tuples in pool order (K groups, G_k answers, C_k criteria each); a field
-  is None until the stage named after it has set it (`pipelines.records`).
+  is None until the stage named beside it has set it (`pipelines.records`).
 
   step, pool       the step and its groups; `group.task` is the `rubric_tasks.RubricTask`
                    (roll_out; judge replaces each trajectory by one with its reward and success)
