@@ -65,8 +65,7 @@ from rised_jax.rollout import engines
 from rised_jax.rollout.agent_loop import sampling_seed
 from rised_jax.rollout.base import GenerationRequest, SamplingParams, generate_or_none
 from rised_jax.rubrics import criteria as criteria_lib
-from rised_jax.rubrics import registry
-from rised_jax.rubrics.engine_text import judge_options
+from rised_jax.rubrics.engine_text import judge_options, supplied_options
 from rised_jax.stats import t_interval, wilson_interval
 from rised_jax.teach import cripo_prefix
 from rised_jax.types import Group, Task, Trajectory, Turn
@@ -185,7 +184,7 @@ def check_config(config) -> None:
                      f"config.rollout.new_token_buckets entry {limits.max_new_tokens}")
   with named("config.rubric.judge"):
     criteria_lib.check_options(rc.judge.backend, rc.judge.options.to_dict(),
-                               supplied=registry.supplied_options(rc.judge.backend))
+                               supplied=supplied_options(rc.judge.backend))
   engines.check_config(config)
 
 
