@@ -121,9 +121,7 @@ class StepConfig:
 
   def __post_init__(self):
     check_field_types(self)
-    if self.aggregation not in losses.AGGREGATIONS:
-      raise ValueError(f"aggregation {self.aggregation!r}: expected one of "
-                       f"{sorted(losses.AGGREGATIONS)}")
+    losses.AGGREGATIONS.lookup(self.aggregation)
     if self.teacher not in TEACHERS:
       raise ValueError(f"teacher {self.teacher!r}: expected one of {TEACHERS}")
     if self.distill_norm not in DISTILL_NORMS:
@@ -143,9 +141,8 @@ class StepConfig:
       raise ValueError("clamp_loss=False keeps the clamp for the localisation ranking only, so it "
                        f"needs localize=True and a clamp; got localize={self.localize}, "
                        f"clamp={self.clamp}")
-    if self.ref_kl_estimator not in losses.KL_ESTIMATORS:
-      raise ValueError(f"ref_kl_estimator {self.ref_kl_estimator!r}: expected one of "
-                       f"{sorted(losses.KL_ESTIMATORS)}")
+    losses.KL_ESTIMATORS.lookup(self.ref_kl_estimator)
+    chunked.check_divergence_name(self.divergence)
 
   @property
   def distills(self) -> bool:

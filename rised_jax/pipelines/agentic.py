@@ -162,6 +162,7 @@ class AgenticPipeline:
 
   def __init__(self, config, engine, tokenizer):
     self.config = config
+    envs.register_aliases(config.envs.aliases)   # validation resolved them without registering
     self.loop = agent_loop(config, engine, tokenizer, config.rollout.temperature)
     self.eval_loop = agent_loop(config, engine, tokenizer, config.eval.temperature)
     self.vocab = rubrics.Vocabulary.load(config.judge.vocabulary or "agentic_v1")

@@ -15,7 +15,7 @@ from rised_jax.pipelines.criteria_prompts import check_answer_fits
 from rised_jax.rollout import engines
 from rised_jax.rubric_tasks.split import eval_group_of, load_task_set, split_tasks
 from rised_jax.rubrics import criteria as criteria_lib
-from rised_jax.rubrics import registry
+from rised_jax.rubrics.engine_text import supplied_options
 from rised_jax.teach import cripo_prefix
 
 
@@ -69,5 +69,5 @@ def check_config(config) -> None:
   check_answer_fits(engines.limits_of(config), rc.max_new_tokens)
   with named("config.rubric.judge"):
     criteria_lib.check_options(rc.judge.backend, rc.judge.options.to_dict(),
-                               supplied=registry.supplied_options(rc.judge.backend))
+                               supplied=supplied_options(rc.judge.backend))
   engines.check_config(config)

@@ -232,7 +232,7 @@ def test_babyai_names_unknown_levels():
 def test_a_missing_suite_names_its_extra(monkeypatch):
   monkeypatch.setitem(sys.modules, "minigrid", None)   # import minigrid now raises ImportError
   monkeypatch.delitem(sys.modules, "rised_jax.envs.babyai", raising=False)
-  monkeypatch.delitem(envs._REGISTRY, "babyai", raising=False)   # pylint: disable=protected-access
+  monkeypatch.delitem(envs.ENVIRONMENTS.resolved, "babyai", raising=False)   # imported afresh
   from rised_jax.envs.suites import SuiteNotInstalled  # pylint: disable=import-outside-toplevel
   with pytest.raises(SuiteNotInstalled, match=r"pip install -e \.\[babyai\]`.*make envs"):
     envs.make("babyai")

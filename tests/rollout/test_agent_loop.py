@@ -377,7 +377,8 @@ def test_bad_arguments_are_errors(tokenizer):
               sampling=SAMPLING)
   loop = AgentLoop(ScriptedEngine({}), tokenizer, max_new_tokens_per_turn=8,
                    max_total_tokens=512, sampling=SAMPLING)
-  with pytest.raises(ValueError, match="unknown environment 'chess'"):
+  with pytest.raises(ValueError,
+                     match=r"^config\.envs\.names: unknown environment 'chess'; known: "):
     loop.run([Task("chess", 0)], 1)
   with pytest.raises(ValueError, match="group_size"):
     loop.run(TASKS, 0)
