@@ -19,6 +19,8 @@ Argument (rised_jax.config_args): "PRESET[,SETTING]". SETTING:
             "Opens with DOOR", which names this instance's winner: the teacher reads the
             group's own positives (sources ("group",)), since another instance's door would
             be false here. The warm-started model copies that line (the pre-check).
+            Its step (TEACHER_STEP) adds a reference KL of 0.1 and beta 0.5: the learning
+            test's setting (tests/integration/test_mechanisms.py).
   guidance  `trapdoors`: 4 doors and the black one, which never wins and which the system
             prompt's example opens; its negative tag reads "Opens with black", so the hint
             is "Avoid: Opens with black." (threshold 0.1: the trap must be hinted while it
@@ -29,7 +31,8 @@ Argument (rised_jax.config_args): "PRESET[,SETTING]". SETTING:
 Held out: 32 of the 64 (door, size, shape) instances per game (instance keys disjoint from
 training). The best constant policy wins the commonest door's share
 of them (`python -m rised_jax.mechanisms precheck` prints it).
-Hardware: 1 CPU core, about a minute per run (docs/rised.md, "Mechanism suite").
+Hardware: 1 CPU core, a few minutes per run on a loaded 2-core machine (docs/rised.md,
+"Mechanism suite", has the measured times).
 """
 from rised_jax import config as config_lib
 from rised_jax import config_args, mechanisms
