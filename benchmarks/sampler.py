@@ -61,7 +61,7 @@ from flax import nnx
 from benchmarks.common import best_time, machine_record, probe_machine
 from rised_jax.learn.flops import kv_bytes_per_token
 from rised_jax.model import Decoder, ModelConfig, RopeConfig, from_config, from_pretrained
-from rised_jax.rollout.base import GenerationRequest, SamplingParams
+from rised_jax.rollout.base import EngineDefaults, GenerationRequest, SamplingParams
 from rised_jax.rollout.jax_engine import JaxEngine
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -267,7 +267,7 @@ class _CountingEngine(JaxEngine):
     return results
 
 
-class SavingsDeclined:
+class SavingsDeclined(EngineDefaults):
   """The engine declining the savings the agent loop offers (`before`)."""
 
   def __init__(self, engine: JaxEngine):
@@ -282,10 +282,6 @@ class SavingsDeclined:
 
   def limits(self):
     return self.engine.limits()
-
-  @property
-  def server_retries(self):
-    return self.engine.server_retries
 
 
 def bench_rollout_stage(args: argparse.Namespace) -> dict[str, Any]:
@@ -322,7 +318,7 @@ def bench_rollout_stage(args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.rollout_repeats):
       engine.totals = dict.fromkeys(("row_steps", "shared_tokens", "reused_tokens", "calls"), 0)
       wall, cpu = time.perf_counter(), time.process_time()
-      groups = loop.run(tasks, rc.group_size, seed=3)
+      groups = loop.run(tasks, rc.group_size, seed=3).groups
       walls.append(time.perf_counter() - wall)
       cpus.append(time.process_time() - cpu)
     trajectories = [t for g in groups for t in g.trajectories]

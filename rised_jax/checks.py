@@ -40,13 +40,19 @@ def is_http_url(value: Any) -> bool:
   return parsed.scheme in ("http", "https") and bool(parsed.hostname)
 
 
+def prefixed(where: str, message: str) -> str:
+  """`message` prefixed with the config key `where`, unless it starts with a key inside it
+  already (a registry's errors name their full key: `config.rubric.judge.backend: ...`)."""
+  return message if message.startswith(f"{where}.") else f"{where}: {message}"
+
+
 @contextlib.contextmanager
 def named(where: str) -> Iterator[None]:
   """Prefixes a ValueError raised inside the block with `where` (the config key it is about)."""
   try:
     yield
   except ValueError as e:
-    raise ValueError(f"{where}: {e}") from None
+    raise ValueError(prefixed(where, str(e))) from None
 
 
 def check_field_types(cfg) -> None:

@@ -53,7 +53,7 @@ from typing import Any, Callable, Sequence
 import ml_collections
 
 from rised_jax.learn import cripo, train_step
-from rised_jax.checks import is_int, is_number
+from rised_jax.checks import is_int, is_number, prefixed
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -379,7 +379,7 @@ def _typed(cls, node: ml_collections.ConfigDict, where: str, known: set[str] | N
   try:
     return cls(**node.to_dict())
   except (TypeError, ValueError) as e:
-    raise ValueError(f"{where}: {e}") from e
+    raise ValueError(prefixed(where, str(e))) from e
 
 
 def cripo_group_config(config: ml_collections.ConfigDict) -> cripo.CriPOGroupConfig:
@@ -412,9 +412,7 @@ def validate(config: ml_collections.ConfigDict, stage_checks: Sequence[StageChec
                      "need at least 2 rollouts per task")
   if config.train.steps < 0 or config.eval.episodes_per_env < 1:
     raise ValueError("config.train.steps must be >= 0 and config.eval.episodes_per_env >= 1")
-  if config.advantage not in advantages.ADVANTAGES:
-    raise ValueError(f"config.advantage={config.advantage!r}: expected one of "
-                     f"{sorted(advantages.ADVANTAGES)}")
+  advantages.ADVANTAGES.lookup(config.advantage)
   for key in ("param_dtype", "compute_dtype"):
     if config.model[key] not in MODEL_DTYPES:
       raise ValueError(f"config.model.{key}={config.model[key]!r}: expected one of "

@@ -29,6 +29,7 @@ ids a judge set (the pipeline passes its rule-based judge; null without one).
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping, Sequence
 
 from rised_jax import envs
@@ -38,6 +39,8 @@ from rised_jax.rollout.env_pool import EnvError
 from rised_jax.stats import wilson_interval
 from rised_jax.types import Group, GroupTags, Task
 from rised_jax.checks import is_int
+
+log = logging.getLogger(__name__)
 
 # Seeds scanned per requested instance before concluding the instance space is too small.
 SEEDS_PER_INSTANCE = 50
@@ -156,12 +159,14 @@ def evaluate(loop: AgentLoop, env_names: Sequence[str],
   `split` (`rollout.hosts.splits`): each process plays its share of the instances and all
   get every group, in order, and every environment error."""
   tasks = eval_tasks(env_names, difficulty, episodes, seed_offset)
-  groups, error = hosts.attempt(split, lambda: hosts.run_share(
+  rollouts, error = hosts.attempt(split, lambda: hosts.run_share(
       loop, tasks, split, group_size=samples, hints=None, seed=seed, desc="eval"))
-  errors = list(loop.env_errors) if error is None else []
+  groups, errors = ((), ()) if error is not None else (rollouts.groups, rollouts.env_errors)
   if split:
-    whole = hosts.gather(hosts.Share(fields={"groups": tuple(groups or ()),
-                                             "env_errors": tuple(errors)}, error=error),
-                         "evaluation")
-    groups, errors = list(whole.fields["groups"]), list(whole.fields["env_errors"])
-  return add_env_errors(pass_rates(groups), tasks, errors), groups
+    whole = hosts.gather(hosts.Share(fields={"groups": groups, "env_errors": errors},
+                                     error=error), "evaluation")
+    groups, errors = whole.fields["groups"], whole.fields["env_errors"]
+  if len(groups) < len(tasks):   # the results' episode counts show which envs lost them
+    log.warning("evaluation: %d instances dropped (failed engine requests or environment "
+                "errors; see eval/{env}/env_errors)", len(tasks) - len(groups))
+  return add_env_errors(pass_rates(groups), tasks, errors), list(groups)

@@ -58,8 +58,8 @@ from flax import nnx
 from rised_jax import warmstart
 from rised_jax.learn import cripo
 from rised_jax.model import from_config, save_pretrained, tiny
-from rised_jax.pipelines import rubric as rubric_pipeline
 from rised_jax.rubric_tasks import tasks as tasks_lib
+from rised_jax.rubric_tasks.split import split_tasks
 from rised_jax.rubric_tasks import word_choice
 from rised_jax.teach import cripo_prefix
 from rised_jax.teach.action_mass import PAD_MULTIPLE
@@ -77,7 +77,7 @@ def task_set() -> tasks_lib.RubricTaskSet:
 def split(tasks: tasks_lib.RubricTaskSet) -> tuple[list[tasks_lib.RubricTask],
                                                    list[tasks_lib.RubricTask]]:
   """(training, held-out) tasks, the rubric pipeline's split with the suite's settings."""
-  train, held_out = rubric_pipeline.split_tasks(len(tasks), EVAL_TASKS, SPLIT_SEED)
+  train, held_out = split_tasks(len(tasks), EVAL_TASKS, SPLIT_SEED)
   return [tasks.tasks[i] for i in train], [tasks.tasks[i] for i in held_out]
 
 

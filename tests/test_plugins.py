@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from rised_jax import config as config_lib
-from rised_jax import envs, plugins, rubrics, select, trainer
+from rised_jax import envs, pipelines, plugins, rubrics, select, trainer
 from rised_jax.model import tiny
 from tests.helpers.run_fixtures import REPO, TINY_CONFIG as CONFIG, tiny_config
 
@@ -187,24 +187,41 @@ def _pool(n):
      r"'max_turns'\]"),
     ({"envs.aliases": {"maze": "byo_games:Corridor"}},
      r"config\.envs\.aliases\.maze: .*a built-in environment has this name"),
-    ({"envs.names": ["not_registered"]}, r"unknown environment 'not_registered'; expected one of "
-                                         r"\[.*'corridor_ep'.*\], an entry point"),
+    ({"envs.names": ["not_registered"]},
+     r"config\.envs\.names: unknown environment 'not_registered'; known: \[.*'corridor_ep'.*\]; "
+     r"or an entry point of group 'rised_jax\.envs'"),
     ({"select.name": "byo_games:NoStep"},
-     r"config\.select: selector 'byo_games:NoStep' is <class 'byo_games\.NoStep'>; expected a "
+     r"config\.select\.name: selector 'byo_games:NoStep' is <class 'byo_games\.NoStep'>; expected a "
      r"subclass of rised_jax\.select\.base\.Selector"),
     ({"judge.backend": "byo_games:Nope"},
-     r"config\.judge: judge 'byo_games:Nope': module 'byo_games' has no attribute 'Nope'"),
+     r"config\.judge\.backend: judge 'byo_games:Nope': module 'byo_games' has no attribute 'Nope'"),
     ({"judge.vocabulary": "byo_games:NOT_A_CLASS"},
      r"vocabulary 'byo_games:NOT_A_CLASS': the plug-in is int; expected a Vocabulary"),
     ({"judge.vocabulary": "no_such_module:V"},
-     r"vocabulary 'no_such_module:V': loading the plug-in failed: .*No module named "
-     r"'no_such_module'"),
+     r"config\.judge\.vocabulary: vocabulary 'no_such_module:V': importing module "
+     r"'no_such_module' failed: ModuleNotFoundError"),
 ])
 def test_a_broken_plugin_is_named_before_the_model_loads(games, tmp_path, edits, message):
   config = _config(**{"model.source": str(tmp_path / "no_such_model"), **edits})
   with pytest.raises(ValueError, match=message):
     trainer.build(config, tmp_path / "run")   # validation runs before the (missing) model loads
   assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_validation_registers_no_alias(games):
+  """Checking a config resolves its aliases without registering them (a check mutates
+  nothing); the pipeline registers them when it is built."""
+  config = _config(**{"envs.names": ["corridor"],
+                      "envs.aliases": {"corridor": "byo_games:Corridor"},
+                      "envs.difficulty": {"corridor": {"max_length": 4}}})
+  before = dict(envs._REGISTRY)
+  pipelines.validate(config)
+  assert envs._REGISTRY == before and "corridor" not in envs.names()
+  with pytest.raises(ValueError, match=r"^config\.envs\.names: unknown environment 'corridor'"):
+    envs.make("corridor")
+  envs.register_aliases(config.envs.aliases)
+  assert envs.make("corridor", max_length=4).reset(6) == \
+      "You are at cell 0 of 3. The exit is right."
 
 
 def test_a_subprocess_dry_run_imports_the_plugin_from_pythonpath(games, tmp_path):

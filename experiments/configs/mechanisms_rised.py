@@ -19,6 +19,8 @@ Argument (rised_jax.config_args): "PRESET[,SETTING]". SETTING:
             "Opens with DOOR", which names this instance's winner: the teacher reads the
             group's own positives (sources ("group",)), since another instance's door would
             be false here. The warm-started model copies that line (the pre-check).
+            Its step (TEACHER_STEP) adds a reference KL of 0.1 and beta 0.5: the learning
+            test's setting (tests/integration/test_mechanisms.py).
   guidance  `trapdoors`: 4 doors and the black one, which never wins and which the system
             prompt's example opens; its negative tag reads "Opens with black", so the hint
             is "Avoid: Opens with black." (threshold 0.1: the trap must be hinted while it
@@ -29,13 +31,22 @@ Argument (rised_jax.config_args): "PRESET[,SETTING]". SETTING:
 Held out: 32 of the 64 (door, size, shape) instances per game (instance keys disjoint from
 training). The best constant policy wins the commonest door's share
 of them (`python -m rised_jax.mechanisms precheck` prints it).
-Hardware: 1 CPU core, about a minute per run (docs/rised.md, "Mechanism suite").
+Hardware: 1 CPU core, a few minutes per run on a loaded 2-core machine (docs/rised.md,
+"Mechanism suite", has the measured times).
 """
 from rised_jax import config as config_lib
 from rised_jax import config_args, mechanisms
 from rised_jax.envs import doors
 
 SETTINGS = {"teacher": ["doors"], "guidance": ["trapdoors"], "suite": ["doors", "trapdoors"]}
+# The teacher setting's own step (the learning test's; the suite keeps beta 0.2 and no
+# reference KL). Without a reference KL the student collapsed onto the example's door within
+# 10-40 steps (batch entropy 1.05 -> 0.1, every group all-win or all-failure) on 4 of 5 seed
+# streams, so the teacher, which fires only on a group with a win, had nothing left to act on.
+# A reference KL of 0.1 keeps the student exploring; beta 0.5 then lets the teacher win the
+# race against GRPO alone (seed 1: held-out 0.656 at step 40 against rised_no_teacher's 0.188
+# through step 80; docs/rised.md, "Mechanism suite").
+TEACHER_STEP = {"ref_kl_coef": 0.1, "beta": 0.5}
 
 
 def get_config(arg: str | None = None):
@@ -68,6 +79,8 @@ def get_config(arg: str | None = None):
   c.batching.prefix_multiple = 64
   c.batching.response_multiple = 64
   c.optim.learning_rate = 3e-3
+  if args.setting == "teacher":
+    c.step.update(TEACHER_STEP)   # apply_preset zeroes beta where the teacher is off
   c.train.steps = 60
   c.train.checkpoint_every = c.train.steps   # a checkpoint costs more than a step here
   c.eval.episodes_per_env = mechanisms.HELD_OUT

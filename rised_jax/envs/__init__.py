@@ -8,19 +8,20 @@
 `instance_key(name, seed, difficulty)` gives the same key without keeping an environment
 (memoised: the task stream and the selector ask for the same seeds).
 
-Names: a built-in name (`_REGISTRY`: a class, or an import-path string for an adapter whose
-dependencies are imported on first use), an entry point of group `rised_jax.envs`, or an import
-path "package.module:Class" (`rised_jax.plugins`). Every environment class is checked against
-`base.EnvironmentProtocol` when it is first looked up; `check_name` also checks difficulty knobs
-(config validation calls it before the model loads, then `check_knob_values`, which builds
-one instance with the configured knobs: an environment's constructor checks their values and
-must not start sessions or processes — that belongs in the first `reset`).
+Names (`ENVIRONMENTS`, a `rised_jax.plugins.Registry`): a built-in name (`_REGISTRY`: a class,
+or for the real suites an import-path string imported on first use), an alias a config's
+`envs.aliases` defines (registered when the run's pipeline is built, never while the config is
+checked), an entry point of group `rised_jax.envs`, or an import path "package.module:Class".
+Every environment class is checked against `base.EnvironmentProtocol` when first looked up;
+`check_name` also checks difficulty knobs (config validation calls it before the model loads,
+then `check_knob_values`, which builds one instance with the configured knobs: an
+environment's constructor checks their values and must not start sessions or processes — that
+belongs in the first `reset`).
 
 See `base` for the protocol and `parsing` for how the built-ins read replies.
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 from typing import Any, Mapping
@@ -39,45 +40,43 @@ from rised_jax.envs.wordle import Wordle
 
 log = logging.getLogger(__name__)
 
+# The real suites behind optional extras (docs/environments.md): built-ins named by import path,
+# imported on first use, so `import rised_jax` never needs them (a missing extra raises
+# SuiteNotInstalled, naming it).
+SUITES: dict[str, str] = {
+    "babyai": "rised_jax.envs.babyai:BabyAI",
+    "scienceworld": "rised_jax.envs.scienceworld_env:ScienceWorld",
+    "twx_coin": "rised_jax.envs.twx:CoinCollector",
+    "twx_cooking": "rised_jax.envs.twx:CookingWorld",
+    "twx_twc": "rised_jax.envs.twx:Commonsense",
+    "textcraft": "rised_jax.envs.textcraft_env:TextCraft",
+}
 # name -> environment class, or "module:Class" imported on first use.
 _REGISTRY: dict[str, type | str] = {
-    cls.name: cls for cls in (Sokoban, FrozenLake, Countdown, Wordle, Household, Maze)}
-# Real suites behind optional extras (docs/environments.md): imported on first use,
-# so `import rised_jax` never needs them. name -> (module, class).
-_SUITES: dict[str, tuple[str, str]] = {
-    "babyai": ("rised_jax.envs.babyai", "BabyAI"),
-    "scienceworld": ("rised_jax.envs.scienceworld_env", "ScienceWorld"),
-    "twx_coin": ("rised_jax.envs.twx", "CoinCollector"),
-    "twx_cooking": ("rised_jax.envs.twx", "CookingWorld"),
-    "twx_twc": ("rised_jax.envs.twx", "Commonsense"),
-    "textcraft": ("rised_jax.envs.textcraft_env", "TextCraft"),
-}
+    **{cls.name: cls for cls in (Sokoban, FrozenLake, Countdown, Wordle, Household, Maze)},
+    **SUITES}
 _BUILTIN_NAMES = frozenset(_REGISTRY)
-ENVIRONMENTS = plugins.Registry("environment", _REGISTRY, check=check_environment_class)
+ENVIRONMENTS = plugins.Registry("environment", "envs.names", _REGISTRY,
+                                check=check_environment_class)
 
 
 def names() -> list[str]:
   """The registered environment names (built-in and entry points; import paths and the real
   suites not listed)."""
-  return [n for n in ENVIRONMENTS.names() if n not in _SUITES]
+  return [n for n in ENVIRONMENTS.names() if n not in SUITES]
 
 
 def suite_names() -> list[str]:
   """The real suites' environment names, installed or not (`make` names a missing extra)."""
-  return sorted(_SUITES)
+  return sorted(SUITES)
 
 
 def register(name: str, target: type | str) -> None:
   """Adds `name` for an environment class or import path "package.module:Class" (a config's
   `envs.aliases`: one class under several names, each with its own difficulty knobs, and
-  names without dots for `envs.difficulty`). Built-in names cannot be replaced."""
-  if not isinstance(name, str) or not name or ":" in name or "." in name:
-    raise ValueError(f"environment alias {name!r}: expected a non-empty name without '.' or ':'")
-  if name in _BUILTIN_NAMES:
-    raise ValueError(f"environment alias {name!r}: a built-in environment has this name")
-  if not (isinstance(target, type) or plugins.is_import_path(target)):
-    raise ValueError(f"environment alias {name!r}: target {target!r}; expected a class or an "
-                     "import path 'package.module:Class'")
+  names without dots for `envs.difficulty`). Built-in names cannot be replaced. Called when a
+  run's pipeline is built (`register_aliases`) or a module defines its games, never by a check."""
+  check_alias(name, target)
   if _REGISTRY.get(name) != target:
     _REGISTRY[name] = target
     ENVIRONMENTS.resolved.pop(name, None)
@@ -86,27 +85,46 @@ def register(name: str, target: type | str) -> None:
     _KEYS.clear()
 
 
+def check_alias(name: Any, target: Any) -> None:
+  """The errors of `register(name, target)`, registering nothing."""
+  if not isinstance(name, str) or not name or ":" in name or "." in name:
+    raise ValueError(f"environment alias {name!r}: expected a non-empty name without '.' or ':'")
+  if name in _BUILTIN_NAMES:
+    raise ValueError(f"environment alias {name!r}: a built-in environment has this name")
+  if not (isinstance(target, type) or plugins.is_import_path(target)):
+    raise ValueError(f"environment alias {name!r}: target {target!r}; expected a class or an "
+                     "import path 'package.module:Class'")
+
+
+def register_aliases(aliases: Mapping[str, Any]) -> None:
+  """Registers a config's `envs.aliases` (the pipeline's first step, after validation)."""
+  for alias, target in aliases.items():
+    with named(f"config.envs.aliases.{alias}"):
+      register(alias, target)
+
+
 def is_environment(name: Any) -> bool:
   """Whether `name` resolves to an environment (a failing import path raises)."""
   return isinstance(name, str) and name in ENVIRONMENTS
 
 
-def _knobs(name: str) -> dict[str, bool]:
+def _knobs(cls: type) -> dict[str, bool]:
   """The constructor's keyword-only parameters, each mapped to whether it is required."""
-  cls = _lookup(name)
   return {p.name: p.default is p.empty for p in inspect.signature(cls.__init__).parameters.values()
           if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
 def difficulty_keys(name: str) -> list[str]:
   """The keyword arguments `make(name, ...)` accepts (including max_turns and shaping)."""
-  return sorted(_knobs(name))
+  return sorted(_knobs(_lookup(name)))
 
 
-def check_name(name: str, difficulty: Mapping[str, Any] | None = None) -> None:
-  """Resolves `name` (importing a plug-in), checks its protocol and the difficulty keys:
-  ValueError names the environment and the unknown or missing key."""
-  knobs = _knobs(name)
+def check_name(name: str, difficulty: Mapping[str, Any] | None = None,
+               cls: type | None = None) -> None:
+  """Resolves `name` (importing a plug-in; `cls`: the class an unregistered alias names),
+  checks its protocol and the difficulty keys: ValueError names the environment and the unknown
+  or missing key."""
+  knobs = _knobs(cls or _lookup(name))
   given = set(difficulty or {})
   unknown = sorted(given - set(knobs))
   if unknown:
@@ -168,45 +186,41 @@ def instance_key(name: str, seed: int, difficulty: Mapping[str, Any] | None = No
 
 
 def _lookup(name: str) -> type:
-  if isinstance(name, str) and name in _SUITES and name not in _REGISTRY:
-    module, cls = _SUITES[name]   # SuiteNotInstalled (an ImportError) names the missing extra
-    _REGISTRY[name] = getattr(importlib.import_module(module), cls)
   return ENVIRONMENTS.lookup(name)   # a PluginError (ValueError) names what is wrong
 
 
-
 def check_config(config: Any) -> None:
-  """config.envs: its aliases registered, every name imported (plug-ins and suites: their errors
-  come before the model loads) and each one's difficulty knobs."""
+  """config.envs: its aliases' names and targets, every name imported (plug-ins and suites:
+  their errors come before the model loads) and each one's difficulty knobs. Registers nothing:
+  an alias resolves to its target here, and is registered when the pipeline is built."""
   if not config.envs.names:
     raise ValueError(f"config.envs.names=[]: expected at least one of {names() + suite_names()} "
                      "or an import path 'package.module:Class'")
+  aliased: dict[str, type] = {}
   for alias, target in config.envs.aliases.items():
     with named(f"config.envs.aliases.{alias}"):
-      register(alias, target)
-  with named("config.envs.names"):
-    for name in config.envs.names:
-      difficulty_keys(name)
+      check_alias(alias, target)
+      aliased[alias] = target if isinstance(target, type) else ENVIRONMENTS[target]
+  classes = {name: aliased[name] if name in aliased else _lookup(name)
+             for name in config.envs.names}
   for name in config.envs.difficulty:
     if name not in config.envs.names:
       raise ValueError(f"config.envs.difficulty.{name}: {name!r} is not in config.envs.names")
-  with named("config.envs.names"):
-    for name in config.envs.names:
-      knobs = config.envs.difficulty.get(name)
-      check_name(name, dict(knobs.items()) if knobs is not None else {})
-  for name in config.envs.names:
+  for name, cls in classes.items():
     knobs = config.envs.difficulty.get(name)
-    check_knob_values(name, dict(knobs.items()) if knobs is not None else {})
+    with named("config.envs.names"):
+      check_name(name, dict(knobs.items()) if knobs is not None else {}, cls)
+    check_knob_values(name, dict(knobs.items()) if knobs is not None else {}, cls)
 
 
-def check_knob_values(name: str, difficulty: Mapping[str, Any]) -> None:
+def check_knob_values(name: str, difficulty: Mapping[str, Any], cls: type | None = None) -> None:
   """Builds one `name` environment with `difficulty` and closes it: its constructor checks the
   knobs' values (a width of -3, a string where a number belongs, a remote env's file:// URL),
   so those errors, too, come before the model loads. ValueError names the config key; a
   constructor's other exceptions (a plug-in's TypeError) are reported the same way."""
   where = f"config.envs.difficulty.{name}"
   try:
-    env = _lookup(name)(**difficulty)
+    env = (cls or _lookup(name))(**difficulty)
   except Exception as error:  # a plug-in's constructor  # pylint: disable=broad-except
     detail = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
     raise ValueError(f"{where}={dict(difficulty)!r}: {detail}") from error
@@ -215,7 +229,8 @@ def check_knob_values(name: str, difficulty: Mapping[str, Any]) -> None:
 
 __all__ = ["ENVIRONMENTS", "Environment", "check_config", "check_knob_values",
            "EnvironmentProtocol", "Outcome", "check_name",
-           "close", "is_environment", "register", "format_answer", "make", "names", "suite_names",
+           "close", "is_environment", "register", "register_aliases", "check_alias",
+           "format_answer", "make", "names", "suite_names",
            "difficulty_keys",
            "instance_key",
            "Countdown", "FrozenLake", "Household", "Maze", "Sokoban", "Wordle"]

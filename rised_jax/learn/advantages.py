@@ -13,15 +13,16 @@ signal, so such groups are zeroed explicitly.
 Choice of spread for `grpo`: the **population** standard deviation of the group (divide by the
 number of valid rollouts n, not n − 1), as in the DeepSeekMath formulation.
 
-Registry: `ADVANTAGES[name]` has the signature `(rewards, mask=None, **options)`; resolve a
-config string with `rised_jax.learn.lookup(ADVANTAGES, "advantage estimator", name, ...)`.
+Registry: `ADVANTAGES[name]` (a `rised_jax.plugins.Registry`: built-ins, entry points, import
+paths) has the signature `(rewards, mask=None, **options)`; `ADVANTAGES.bind(name, **options)`
+binds a config's options, rejecting unknown names and options.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import jax
 import jax.numpy as jnp
+
+from rised_jax import plugins
 
 Array = jax.Array
 
@@ -84,8 +85,8 @@ def rloo(rewards: jax.typing.ArrayLike, mask: jax.typing.ArrayLike | None = None
   return _zero_flat_groups((rewards - leave_one_out_mean) * valid, rewards, valid)
 
 
-ADVANTAGES: dict[str, Callable[..., Array]] = {
+ADVANTAGES = plugins.Registry("advantage estimator", "advantage", {
     "grpo": grpo,
     "drgrpo": drgrpo,
     "rloo": rloo,
-}
+}, check=plugins.check_function("advantage estimator"))

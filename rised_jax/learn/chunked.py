@@ -35,6 +35,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
+from rised_jax import plugins
 from rised_jax.learn import losses
 from rised_jax.checks import is_int
 
@@ -79,6 +80,13 @@ def _check_rows(hidden: Array, targets: Array, chunk: int, logits_fn: Callable[[
   return logits_shape[2]
 
 
+def check_divergence_name(divergence: str) -> None:
+  """`divergence` names a `losses.DIVERGENCES` entry or the sampled-token surrogate."""
+  if divergence != SAMPLED_TOKEN and divergence not in losses.DIVERGENCES:
+    raise plugins.PluginError(losses.DIVERGENCES.unknown_message(
+        divergence, f"{SAMPLED_TOKEN!r} (the surrogate at the sampled token)"))
+
+
 def _check_distillation(divergence: str, topk: int | None, clamp: float | None,
                         divergence_options: Mapping[str, float] | None, vocab: int) -> None:
   if divergence == SAMPLED_TOKEN:
@@ -87,9 +95,7 @@ def _check_distillation(divergence: str, topk: int | None, clamp: float | None,
                        f"topk={topk!r}, divergence_options={divergence_options!r}")
     losses.check_clamp(clamp)
     return
-  if divergence not in losses.DIVERGENCES:
-    raise ValueError(f"unknown distillation divergence {divergence!r}; expected one of "
-                     f"{sorted(losses.DIVERGENCES) + [SAMPLED_TOKEN]}")
+  check_divergence_name(divergence)
   losses.resolve_divergence(divergence, topk, clamp, divergence_options)
   if topk is not None and topk > vocab:
     raise ValueError(f"topk must be in [1, vocabulary size {vocab}]; got {topk}")

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from rised_jax.checks import check_field_types
-from rised_jax.learn import cripo, losses
+from rised_jax.learn import chunked, cripo, losses
 
 Array = jax.Array
 DISTILL_NORMS = ("distill-tokens", "kept-tokens")
@@ -78,9 +78,7 @@ class PolicyGradientConfig:
 
   def __post_init__(self):
     check_field_types(self)
-    if self.aggregation not in losses.AGGREGATIONS:
-      raise ValueError(f"aggregation {self.aggregation!r}: expected one of "
-                       f"{sorted(losses.AGGREGATIONS)}")
+    losses.AGGREGATIONS.lookup(self.aggregation)
 
   def active(self) -> bool:
     return True
@@ -157,6 +155,7 @@ class TeacherKLConfig:
 
   def __post_init__(self):
     check_field_types(self)
+    chunked.check_divergence_name(self.divergence)
     if self.distill_norm not in DISTILL_NORMS:
       raise ValueError(f"distill_norm {self.distill_norm!r}: expected one of {DISTILL_NORMS}")
     if self.beta < 0:
@@ -237,9 +236,7 @@ class ReferenceKLConfig:
     check_field_types(self)
     if self.ref_kl_coef < 0:
       raise ValueError(f"ref_kl_coef ({self.ref_kl_coef}) must be >= 0")
-    if self.ref_kl_estimator not in losses.KL_ESTIMATORS:
-      raise ValueError(f"ref_kl_estimator {self.ref_kl_estimator!r}: expected one of "
-                       f"{sorted(losses.KL_ESTIMATORS)}")
+    losses.KL_ESTIMATORS.lookup(self.ref_kl_estimator)
 
   def active(self) -> bool:
     return self.ref_kl_coef > 0

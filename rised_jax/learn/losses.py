@@ -26,7 +26,7 @@ from typing import Callable, Mapping, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rised_jax.learn import lookup
+from rised_jax import plugins
 from rised_jax.checks import is_int
 
 Array = jax.Array
@@ -165,17 +165,17 @@ def kl_k3(logp: Array, ref_logp: Array) -> Array:
 # Per-token estimators of KL(π_θ ‖ π_ref) from tokens sampled by π_θ (Schulman, "Approximating
 # KL divergence", 2020). Sign convention: with r = π_ref(y)/π_θ(y), k1 = −log r,
 # k2 = ½ (log r)², k3 = (r − 1) − log r; all three vanish when the policies agree.
-KL_ESTIMATORS: dict[str, Callable[[Array, Array], Array]] = {
+KL_ESTIMATORS = plugins.Registry("KL estimator", "step.ref_kl_estimator", {
     "k1": kl_k1,
     "k2": kl_k2,
     "k3": kl_k3,
-}
+}, check=plugins.check_function("KL estimator"))
 
 
 def reference_kl(logp: ArrayLike, ref_logp: ArrayLike, mask: ArrayLike | None = None, *,
                  estimator: str = "k3") -> Array:
   """The per-token reference-KL penalty with the named estimator (0 on masked tokens)."""
-  estimate = lookup(KL_ESTIMATORS, "KL estimator", estimator)
+  estimate = KL_ESTIMATORS.lookup(estimator)
   logp = jnp.asarray(logp, jnp.float32)
   ref_logp = jax.lax.stop_gradient(jnp.asarray(ref_logp, jnp.float32))
   _check_same_shape(logp=logp, ref_logp=ref_logp)
@@ -241,11 +241,11 @@ def seq_mean_token_sum_norm(loss: ArrayLike, mask: ArrayLike, *,
 
 # Each returns (sum, denominator); add these over micro-batches / shards, then divide once
 # with `mean_from_parts`. The last axis is the sequence axis.
-AGGREGATIONS: dict[str, Callable[..., tuple[Array, Array]]] = {
+AGGREGATIONS = plugins.Registry("loss aggregation", "step.aggregation", {
     "token-mean": token_mean,
     "seq-mean-token-mean": seq_mean_token_mean,
     "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
-}
+}, check=plugins.check_function("loss aggregation"))
 
 
 def mean_from_parts(total: ArrayLike, count: ArrayLike) -> Array:
@@ -292,11 +292,11 @@ def generalized_jsd(student_logp: Array, teacher_logp: Array, *, beta: float = 0
 
 # Signature (student_logp [..., S], teacher_logp [..., S], **options) -> [...]: normalised
 # log-probs over a common support S (the vocabulary, or top-k plus tail).
-DIVERGENCES: dict[str, Callable[..., Array]] = {
+DIVERGENCES = plugins.Registry("distillation divergence", "step.divergence", {
     "forward-kl": forward_kl,
     "reverse-kl": reverse_kl,
     "jsd": generalized_jsd,
-}
+}, check=plugins.check_function("distillation divergence"))
 
 
 def topk_support(student_logp: Array, teacher_logp: Array,
@@ -335,7 +335,7 @@ def resolve_divergence(divergence: str, topk: int | None, clamp: float | None,
   if topk is not None and (not is_int(topk) or topk < 1):
     raise ValueError(f"topk must be a positive int or None; got {topk!r}")
   check_clamp(clamp)
-  return lookup(DIVERGENCES, "distillation divergence", divergence, **(options or {}))
+  return DIVERGENCES.bind(divergence, **(options or {}))
 
 
 def logprob_divergence(student_logp: Array, teacher_logp: Array,

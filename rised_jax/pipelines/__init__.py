@@ -3,8 +3,8 @@
 A pipeline turns a training step's tasks into trainable rows. Each stage takes the step's
 record and returns a new one (`dataclasses.replace`); no stage mutates the pool or a record.
 The record is the pipeline's own frozen dataclass (`AgenticStep`, `RubricStep`); it has at
-least `step` and `pool` (the rollouts, `types.Group`: rollout facts only). The trainer calls,
-in order:
+least `step` and `pool` (the rollouts, `types.Group`: rollout facts only), and a field a stage
+sets is None until that stage has run (`pipelines.records`). The trainer calls, in order:
 
   roll_out(step)                 -> record   sample tasks, generate rollouts (+ fault counters)
   judge(record)                  -> record   tags (RISED) or criterion verdicts and rewards (CriPO)

@@ -40,7 +40,6 @@ the same on every process, and the counters above are the sums over the processe
 from __future__ import annotations
 
 import dataclasses
-import logging
 import warnings
 from typing import Any, Mapping, Sequence
 
@@ -50,6 +49,7 @@ from rised_jax import envs, evaluate, rubrics, runlog, select, tasks, teach
 from rised_jax.config import step_config
 from rised_jax.learn import advantages as advantages_lib
 from rised_jax.learn.batching import Row
+from rised_jax.pipelines.records import require
 from rised_jax.rollout import hosts
 from rised_jax.rollout import engines
 from rised_jax.rollout.agent_loop import AgentLoop
@@ -58,8 +58,6 @@ from rised_jax.rubrics import rule_judge
 from rised_jax.rubrics.engine_text import judge_options
 from rised_jax.teach import action_mass, positive
 from rised_jax.types import Group, GroupTags
-
-log = logging.getLogger(__name__)
 
 
 def agent_loop(config, engine, tokenizer, temperature: float) -> AgentLoop:
@@ -132,28 +130,31 @@ def _check_engine_limits(config) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class AgenticStep:
-  """What one step's stages produced (each stage returns a copy with its own fields set).
+  """What one step's stages produced (each stage returns a copy with its own fields set; a
+  field is None until its stage has run, `pipelines.records`).
 
-  pool              the rollout groups (rollout facts only)
-  faults            the roll-out's fault counters (rollout/…)
+  pool              the rollout groups (rollout facts only)                         (roll_out)
+  faults            the roll-out's fault counters (rollout/…)                      (roll_out)
   tags              the judge's `GroupTags` per group; judge_stats its counters (judge/…)
-  advantages        [K, G] float32 group advantages of the rewards
-  chosen            indices into `pool` of the groups trained on, in selection order
-  teacher_prefixes  per chosen group, the positive teacher's prefix text (None: no teacher);
-                    () when the pipeline has no teacher; teacher_sources its counters
+                                                                                       (judge)
+  advantages        [K, G] float32 group advantages of the rewards                (advantages)
+  chosen            indices into `pool` of the groups trained on, in selection order  (select)
+  teacher_prefixes  per chosen group, the positive teacher's prefix text (None: no teacher,
+                    for every group when the pipeline has none); teacher_sources its
+                    counters ({} without a teacher)                                    (teach)
   error             a split roll-out's failure on this process (`hosts.attempt`), raised at
                     the judge's gather on every process; pool and faults are then empty
   """
 
   step: int
   pool: tuple[Group, ...]
-  faults: Mapping[str, float] = dataclasses.field(default_factory=dict)
-  tags: tuple[GroupTags, ...] = ()
-  judge_stats: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  faults: Mapping[str, float]
+  tags: tuple[GroupTags, ...] | None = None
+  judge_stats: Mapping[str, float] | None = None
   advantages: np.ndarray | None = None
-  chosen: tuple[int, ...] = ()
-  teacher_prefixes: tuple[str | None, ...] = ()
-  teacher_sources: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  chosen: tuple[int, ...] | None = None
+  teacher_prefixes: tuple[str | None, ...] | None = None
+  teacher_sources: Mapping[str, float] | None = None
   error: BaseException | None = None
 
 
@@ -161,6 +162,7 @@ class AgenticPipeline:
 
   def __init__(self, config, engine, tokenizer):
     self.config = config
+    envs.register_aliases(config.envs.aliases)   # validation resolved them without registering
     self.loop = agent_loop(config, engine, tokenizer, config.rollout.temperature)
     self.eval_loop = agent_loop(config, engine, tokenizer, config.eval.temperature)
     self.vocab = rubrics.Vocabulary.load(config.judge.vocabulary or "agentic_v1")
@@ -191,18 +193,14 @@ class AgenticPipeline:
     hints = None
     if self.guidance is not None:
       hints = {env: self.guidance.hint(env) for env in self.config.envs.names}
-    engine = self.loop.engine
-    retries, failed = engine.server_retries, engine.failed_requests
-    pool, error = hosts.attempt(self.split, lambda: hosts.run_share(
+    rollouts, error = hosts.attempt(self.split, lambda: hosts.run_share(
         self.loop, tasks, self.split, group_size=self.config.rollout.group_size, hints=hints,
         seed=self.config.seed * 1_000_003 + step))
     if error is not None:
-      return AgenticStep(step=step, pool=(), error=error)
-    faults = {"rollout/server_retries": float(engine.server_retries - retries),
-              "rollout/failed_requests": float(engine.failed_requests - failed),
-              "rollout/groups_dropped": float(self.loop.groups_dropped),
-              "rollout/env_errors": float(len(self.loop.env_errors))}
-    record = AgenticStep(step=step, pool=tuple(pool), faults=faults)
+      return AgenticStep(step=step, pool=(), faults={}, error=error)
+    faults = {**rollouts.faults.metrics(),
+              "rollout/env_errors": float(len(rollouts.env_errors))}
+    record = AgenticStep(step=step, pool=rollouts.groups, faults=faults)
     # A split roll-out is checked whole, after the judge's gather.
     return record if self.split else hosts.require_groups(record, len(tasks))
 
@@ -216,8 +214,8 @@ class AgenticPipeline:
             f"judge/{k}": float(v) for k, v in stats.as_dict().items()})
     if not self.split:
       return record
-    whole = hosts.gather(hosts.Share(fields={"pool": record.pool, "tags": record.tags},
-                                     counters={**record.faults, **record.judge_stats},
+    whole = hosts.gather(hosts.Share(fields={"pool": record.pool, "tags": record.tags or ()},
+                                     counters={**record.faults, **(record.judge_stats or {})},
                                      error=error), f"step {record.step}")
     record = dataclasses.replace(
         record, pool=whole.fields["pool"], tags=whole.fields["tags"],
@@ -231,13 +229,16 @@ class AgenticPipeline:
     return dataclasses.replace(record, advantages=values)
 
   def select(self, record: AgenticStep) -> AgenticStep:
+    require(record, "select", "tags")
     chosen = self.selector.select(record.pool, self.config.select.batch_groups, record.step,
                                   record.tags)
     return dataclasses.replace(record, chosen=tuple(chosen))
 
   def teach(self, record: AgenticStep) -> AgenticStep:
+    require(record, "teach", "tags", "chosen")
     if self.teacher is None:
-      return record
+      return dataclasses.replace(record, teacher_prefixes=(None,) * len(record.chosen),
+                                 teacher_sources={})
     prefixes, sources = self.teacher.assign(record.chosen, record.pool, record.tags, record.step)
     return dataclasses.replace(record, teacher_prefixes=tuple(prefixes), teacher_sources={
         f"teacher/{k}": float(v) for k, v in sources.items()})
@@ -245,6 +246,7 @@ class AgenticPipeline:
   def teacher_metrics(self, record: AgenticStep, model) -> dict[str, float]:
     """teacher/valid_action_mass_ratio and its two means under `model` (module docstring);
     {} when no chosen group has both a teacher and an enumerable action space."""
+    require(record, "teacher_metrics", "chosen", "teacher_prefixes")
     student, teacher, valid = [], [], []
     for i, teacher_prefix in zip(record.chosen, record.teacher_prefixes):
       if teacher_prefix is None:
@@ -278,9 +280,9 @@ class AgenticPipeline:
     return chat.prompt_ids(group.system_prompt, group.first_observation), teacher_ids
 
   def rows(self, record: AgenticStep) -> list[Row]:
+    require(record, "rows", "advantages", "chosen", "teacher_prefixes")
     rows = []
-    prefixes = record.teacher_prefixes or (None,) * len(record.chosen)
-    for i, teacher_prefix in zip(record.chosen, prefixes, strict=True):
+    for i, teacher_prefix in zip(record.chosen, record.teacher_prefixes, strict=True):
       group = record.pool[i]
       plain_prefix, teacher_ids = self._prompts(group, teacher_prefix)
       for traj, adv in zip(group.trajectories, record.advantages[i]):
@@ -295,6 +297,7 @@ class AgenticPipeline:
     return rows
 
   def observe(self, record: AgenticStep) -> None:
+    require(record, "observe", "tags")
     if self.guidance is not None:
       self.guidance.update(record.pool, record.tags)
     self.progress.add(record.pool)
@@ -309,13 +312,10 @@ class AgenticPipeline:
     tags = (self.judge_backend.judge(groups)[0] if self.config.judge.backend == "rules"
             else None)
     self.eval_episodes = evaluate.episode_records(groups, tags, self.vocab)
-    if self.eval_loop.groups_dropped:   # the results' episode counts show which envs lost them
-      log.warning("evaluation: %d instances dropped (failed engine requests or environment "
-                  "errors; see eval/{env}/env_errors)",
-                  self.eval_loop.groups_dropped)
     return results
 
   def metrics(self, record: AgenticStep) -> dict[str, float]:
+    require(record, "metrics", "tags", "judge_stats", "chosen", "teacher_sources")
     pool, metrics = record.pool, {}
     for env in sorted({g.task.env for g in pool}):
       members = [k for k, g in enumerate(pool) if g.task.env == env]
@@ -346,7 +346,8 @@ class AgenticPipeline:
 
   def log_rollouts(self, log: runlog.RunLog, step: int, record: AgenticStep) -> None:
     """Every rollout of the pool, its tags named by the judge's vocabulary."""
-    chosen = dict(zip(record.chosen, record.teacher_prefixes or (None,) * len(record.chosen)))
+    require(record, "log_rollouts", "tags", "chosen", "teacher_prefixes")
+    chosen = dict(zip(record.chosen, record.teacher_prefixes))
     notes = [runlog.GroupNotes(selected=k in chosen, teacher=chosen.get(k) is not None,
                                tags=tags.tags, unjudged=tuple(tags.unjudged))
              for k, tags in enumerate(record.tags)]

@@ -32,11 +32,10 @@ Each stage takes the step's `RubricStep` and returns a copy with its own fields 
              `kept_frac` and `flip_frac`), reward and pass rate of the judged answers, the
              unjudged fraction and count (`rollout/unjudged`, `judge/failed`);
   log_rollouts  every answer, with its group's notes (chosen, injection teacher, unjudged);
-  evaluate   one greedy answer per held-out task, per domain group (science / medicine by
-             default): pass rate (every positive criterion met, no pitfall) with its Wilson 95 %
-             interval, mean weighted score with a Student-t 95 % interval, the fraction of
-             positive criteria met and the pitfall rate (the run log's eval.jsonl keeps the pass
-             rates; `trainer.train` and `rised-eval` return everything).
+  evaluate   one greedy answer per held-out task, judged, per domain group (`criteria_eval`).
+
+Besides the stages: the question prompts and answers (`criteria_prompts`), the task split
+(`rubric_tasks.split`) and the config checks (`rubric_checks`).
 
 `roll_out` touches only the task stream and the engine, and the later stages neither (the
 in-process criteria judge excepted: it asks the engine, so `judge` runs before the next
@@ -44,8 +43,8 @@ in-process criteria judge excepted: it asks the engine, so `judge` runs before t
 
 Which branches run is the config's (`rubric.uc_branch`, `rubric.sc_branch`, with the matching
 step settings; the presets `cripo`, `cripo_u`, `cripo_s` and `grpo_rubric` of `rised_jax.config`).
-Held-out tasks are a fixed, seeded subset of the task set (`rubric.eval_tasks`, `rubric.split_seed`)
-that training never samples; the training cursor is host state, saved with every checkpoint.
+The training cursor over the tasks that are not held out is host state, saved with every
+checkpoint.
 """
 from __future__ import annotations
 
@@ -55,138 +54,23 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rised_jax import config as config_lib
-from rised_jax import rubric_tasks, runlog, select
+from rised_jax import rubric_tasks, runlog
 from rised_jax import tasks as tasks_lib
-from rised_jax.checks import is_int, named
 from rised_jax.learn import cripo
 from rised_jax.learn.batching import Row
+from rised_jax.pipelines import criteria_eval
+from rised_jax.pipelines.criteria_prompts import (QuestionChat, answer_seed, check_answer_fits,
+                                                  check_prompts_fit)
+from rised_jax.pipelines.records import require
+from rised_jax.pipelines.rubric_checks import check_config  # noqa: F401 - the pipeline's check
 from rised_jax.rollout import hosts
-from rised_jax.rollout import engines
-from rised_jax.rollout.agent_loop import sampling_seed
-from rised_jax.rollout.base import GenerationRequest, SamplingParams, generate_or_none
+from rised_jax.rollout.agent_loop import RolloutFaults
+from rised_jax.rollout.base import Generation, GenerationRequest, SamplingParams
+from rised_jax.rubric_tasks.split import eval_group_of, load_task_set, split_tasks
 from rised_jax.rubrics import criteria as criteria_lib
-from rised_jax.rubrics import registry
 from rised_jax.rubrics.engine_text import judge_options
-from rised_jax.stats import t_interval, wilson_interval
 from rised_jax.teach import cripo_prefix
-from rised_jax.types import Group, Task, Trajectory, Turn
-
-OTHER_DOMAINS = "other"   # evaluation group of a domain that no configured group lists
-
-
-def load_task_set(path: str) -> rubric_tasks.RubricTaskSet:
-  """The task file at `path`, or the built-in set when `path` is ""."""
-  return rubric_tasks.load_jsonl(path) if path else rubric_tasks.builtin_task_set()
-
-
-def split_tasks(num_tasks: int, eval_tasks: int, split_seed: int) -> tuple[list[int], list[int]]:
-  """(training, held-out) task indices: a seeded random subset of `eval_tasks` is held out."""
-  if not 1 <= eval_tasks < num_tasks:
-    raise ValueError(f"config.rubric.eval_tasks={eval_tasks}: expected 1 <= eval_tasks < the "
-                     f"{num_tasks} tasks of the task set (some must remain for training)")
-  order = np.random.default_rng(split_seed).permutation(num_tasks)
-  return sorted(order[eval_tasks:].tolist()), sorted(order[:eval_tasks].tolist())
-
-
-def check_normalizer(task_set: rubric_tasks.RubricTaskSet, normalizer: str) -> None:
-  """Every task must have a positive reward normaliser Z (see `cripo.weighted_rewards`)."""
-  for task in task_set.tasks:
-    try:
-      cripo.weighted_rewards(np.zeros((1, 1, len(task.criteria))), task.weights[None], None,
-                             normalizer)
-    except ValueError as e:
-      raise ValueError(f"rubric task {task.id!r} of {task_set.name!r} "
-                       f"(config.rubric.cripo.reward_normalizer): {e}") from None
-
-
-def eval_group_of(domain_groups: Mapping[str, Sequence[str]]) -> dict[str, str]:
-  """domain -> evaluation group, from {group: [domains]}; a domain may be in one group only."""
-  group_of: dict[str, str] = {}
-  for group, domains in domain_groups.items():
-    if isinstance(domains, str) or not all(isinstance(d, str) for d in domains):
-      raise ValueError(f"config.rubric.eval_groups.{group}={domains!r}: expected a list of "
-                       "domain names")
-    for domain in domains:
-      if domain in group_of:
-        raise ValueError(f"config.rubric.eval_groups: domain {domain!r} is in both "
-                         f"{group_of[domain]!r} and {group!r}")
-      group_of[domain] = group
-  return group_of
-
-
-def assistant_start_ids(tokenizer) -> list[int]:
-  """The ids the chat template appends as the generation prompt (the assistant's header).
-
-  Every prefix that an answer follows must end with them: the answer was generated after them.
-  """
-  probe = [{"role": "user", "content": "Probe question?"}]
-  with_start = tokenizer.encode_chat(probe, add_generation_prompt=True)
-  without = tokenizer.encode_chat(probe, add_generation_prompt=False)
-  if len(with_start) <= len(without) or with_start[:len(without)] != without:
-    raise ValueError("chat template: rendering with the generation prompt does not extend the "
-                     "rendering without it, so the assistant start cannot be located; the rubric "
-                     "pipeline needs a template whose generation prompt is appended text")
-  return with_start[len(without):]
-
-
-def visible_answer(text: str, strip_thinking: bool) -> str:
-  """The answer a reader sees: without a leading <think>…</think> block (empty if unclosed)."""
-  if strip_thinking and text.lstrip().startswith("<think>"):
-    _, closed, after = text.partition("</think>")
-    return after.strip() if closed else ""
-  return text.strip()
-
-
-def passes(verdicts: np.ndarray, weights: np.ndarray) -> bool:
-  """Every positive criterion met and no pitfall committed."""
-  met = np.asarray(verdicts) > 0
-  return bool(np.all(met[weights > 0]) and not np.any(met[weights < 0]))
-
-
-def check_config(config) -> None:
-  """The rubric pipeline's keys: task file, split, branches vs step settings, judge, templates,
-  answer length against the engine's limits (then the engine stage's own `check_config`)."""
-  rc = config.rubric
-  if config.advantage != "grpo":
-    raise ValueError(f"config.advantage={config.advantage!r}: the rubric pipeline uses GRPO "
-                     "advantages (CriPO's SC rule is defined on them); expected 'grpo'")
-  select.check_config(config)
-  if config.select.name != "uniform" or config.select.pool_groups != config.select.batch_groups:
-    raise ValueError(f"config.select.name={config.select.name!r} with pool_groups="
-                     f"{config.select.pool_groups}, batch_groups={config.select.batch_groups}: "
-                     "the rubric pipeline trains on every group it rolls out; expected 'uniform' "
-                     "and pool_groups == batch_groups (the cripo* and grpo_rubric presets set "
-                     "them)")
-  step = config_lib.step_config(config)
-  if rc.uc_branch != step.distills:
-    raise ValueError(f"config.rubric.uc_branch={rc.uc_branch} but config.step.beta={step.beta}: "
-                     "the injection teacher is the only distillation of the rubric pipeline, so "
-                     "the UC branch needs beta > 0 and beta must be 0 without it (use the presets "
-                     "cripo, cripo_u, cripo_s, grpo_rubric)")
-  if rc.sc_branch != step.counterfactual:
-    raise ValueError(f"config.rubric.sc_branch={rc.sc_branch} but config.step.counterfactual="
-                     f"{step.counterfactual}: the SC branch and the step's counterfactual flips go "
-                     "together (use the presets cripo, cripo_u, cripo_s, grpo_rubric)")
-  group_config = config_lib.cripo_group_config(config)
-  task_set = load_task_set(rc.tasks)
-  split_tasks(len(task_set), rc.eval_tasks, rc.split_seed)
-  check_normalizer(task_set, group_config.reward_normalizer)
-  eval_group_of(rc.eval_groups.to_dict())
-  for key in ("injection_template", "counterfactual_template"):
-    if rc[key]:
-      cripo_prefix.load_template(rc[key])
-  for key, value in (("max_new_tokens", rc.max_new_tokens),
-                     ("judge.max_new_tokens", rc.judge.max_new_tokens)):
-    if not is_int(value) or value < 1:
-      raise ValueError(f"config.rubric.{key}={value!r}: expected an integer >= 1")
-  limits = engines.limits_of(config)
-  if not limits.reply_fits(rc.max_new_tokens):
-    raise ValueError(f"config.rubric.max_new_tokens={rc.max_new_tokens} is above the largest "
-                     f"config.rollout.new_token_buckets entry {limits.max_new_tokens}")
-  with named("config.rubric.judge"):
-    criteria_lib.check_options(rc.judge.backend, rc.judge.options.to_dict(),
-                               supplied=registry.supplied_options(rc.judge.backend))
-  engines.check_config(config)
+from rised_jax.types import Group, Trajectory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +91,8 @@ PrefixIds = tuple[int, ...] | None   # a teacher prefix of one rollout, or None:
 class RubricStep:
   """One training step of the rubric pipeline; each stage returns a copy with its fields set.
 
-  Per-group fields are tuples in pool order (K groups, G_k answers, C_k criteria each).
+  Per-group fields are tuples in pool order (K groups, G_k answers, C_k criteria each); a field
+  is None until the stage named beside it has set it (`pipelines.records`).
 
   step, pool       the step and its groups; `group.task` is the `rubric_tasks.RubricTask`
                    (roll_out; judge replaces each trajectory by one with its reward and success)
@@ -245,22 +130,6 @@ class RubricStep:
     return self.teacher_ids is not None and any(ids is not None for ids in self.teacher_ids[k])
 
 
-def _require(record: RubricStep, stage: str, **fields: Any) -> None:
-  """Raises when `stage` runs before the stages that set `fields` (None: not set yet)."""
-  missing = [name for name, value in fields.items() if value is None]
-  if missing:
-    raise RuntimeError(f"rubric pipeline, step {record.step}: {stage} needs {missing}, which "
-                       "earlier stages set (order: roll_out, judge, advantages, select, teach)")
-
-
-def answer_seed(run_seed: int, task_set: str, index: int, task: rubric_tasks.RubricTask,
-                rollout: int) -> int:
-  """The engine seed of one answer: `sampling_seed` over the key (set name, task index, task id),
-  the one rubric questions had as `types.Task`s, so every answer is sampled as before."""
-  return sampling_seed(run_seed, Task(env=task_set, seed=index, difficulty={"id": task.id}),
-                       rollout, 0)
-
-
 class RubricPipeline:
 
   def __init__(self, config, engine, tokenizer):
@@ -274,14 +143,13 @@ class RubricPipeline:
                                                         rc.split_seed)
     self.eval_group = eval_group_of(rc.eval_groups.to_dict())
     self.tasks = tasks_lib.ShuffledStream(self.train_indices, seed=config.seed)
-    self.system_prompt = rc.system_prompt or None
     self.injection_template = rc.injection_template or cripo_prefix.INJECTION_TEMPLATE
     self.counterfactual_template = (rc.counterfactual_template
                                     or cripo_prefix.COUNTERFACTUAL_TEMPLATE)
-    self.assistant_start = assistant_start_ids(tokenizer)
-    self.prompt_ids = [self._prefix_ids(self._messages(task.prompt), f"task {task.id!r}")
-                       for task in self.task_set.tasks]
-    self._check_engine_limits()
+    self.chat = QuestionChat(tokenizer, rc.system_prompt, rc.strip_thinking)
+    self.prompt_ids = [self.chat.question_ids(task) for task in self.task_set.tasks]
+    check_prompts_fit(engine.limits(), self.prompt_ids, self.task_set.tasks)
+    check_answer_fits(engine.limits(), rc.max_new_tokens)
     stops = tuple(tokenizer.stop_token_ids)
     self.sampling = SamplingParams(max_new_tokens=rc.max_new_tokens,
                                    temperature=config.rollout.temperature,
@@ -294,47 +162,7 @@ class RubricPipeline:
     self.eval_episodes: list[dict[str, Any]] = []   # per-answer records: not kept yet
     self.split = hosts.splits(engine)   # each process rolls out its share (`rollout.hosts`)
 
-  # ---- prompts ----------------------------------------------------------------------------
-
-  def _messages(self, question: str) -> list[dict[str, str]]:
-    messages = [{"role": "user", "content": question}]
-    if self.system_prompt:
-      messages.insert(0, {"role": "system", "content": self.system_prompt})
-    return messages
-
-  def _prefix_ids(self, messages: list[dict[str, str]], what: str) -> list[int]:
-    """The chat with the generation prompt; it must end with the assistant start."""
-    ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True)
-    if ids[-len(self.assistant_start):] != self.assistant_start:
-      raise ValueError(f"{what}: the chat template's rendering ends with "
-                       f"{ids[-len(self.assistant_start):]} instead of the assistant start "
-                       f"{self.assistant_start}, so an answer would not follow it unchanged")
-    return ids
-
-  def _check_engine_limits(self) -> None:
-    """Fails now, not steps into a run, when the engine (JaxEngine's buckets) cannot take a
-    prompt or the answer length."""
-    limits = self.engine.limits()
-    longest = int(np.argmax([len(p) for p in self.prompt_ids]))
-    if not limits.prompt_fits(len(self.prompt_ids[longest])):
-      raise ValueError(f"rubric task {self.task_set.tasks[longest].id!r}: its prompt has "
-                       f"{len(self.prompt_ids[longest])} tokens, more than the engine's largest "
-                       f"prompt bucket {limits.max_prompt_tokens}; raise "
-                       "config.rollout.prompt_buckets")
-    if not limits.reply_fits(self.config.rubric.max_new_tokens):
-      raise ValueError(f"config.rubric.max_new_tokens={self.config.rubric.max_new_tokens} is above "
-                       f"the engine's largest new-token bucket {limits.max_new_tokens}; raise "
-                       "config.rollout.new_token_buckets")
-
-  def _answer_text(self, output_ids: Sequence[int]) -> str:
-    return visible_answer(self.tokenizer.decode(output_ids, skip_special_tokens=True),
-                          self.config.rubric.strip_thinking)
-
-  # ---- stages -----------------------------------------------------------------------------
-  # roll_out touches only the task stream and the engine (it may run in a background thread
-  # while the main thread runs the later stages of the previous record); the later stages
-  # touch neither, except the in-process criteria judge, which the trainer runs before it
-  # launches the next roll_out.
+  # ---- stages (roll_out may run in a background thread: module docstring) ------------------
 
   def roll_out(self, step: int) -> RubricStep:
     indices = self.tasks.next(self.config.select.batch_groups)   # all B on every process
@@ -343,12 +171,12 @@ class RubricPipeline:
     if error is not None:
       return RubricStep(step=step, pool=(), faults={}, error=error)
     groups, faults = share
-    record = RubricStep(step=step, pool=tuple(groups), faults=faults)
+    record = RubricStep(step=step, pool=tuple(groups), faults=faults.metrics())
     # A split roll-out is checked whole, after the judge's gather.
     return record if self.split else hosts.require_groups(record, len(indices))
 
   def _roll_out_share(self, step: int, indices: Sequence[int]
-                      ) -> tuple[list[Group], dict[str, float]]:
+                      ) -> tuple[list[Group], RolloutFaults]:
     """The groups of the tasks `indices` (a failed request drops its group) and the faults."""
     group_size = self.config.rollout.group_size
     run_seed = self.config.seed * 1_000_003 + step
@@ -356,35 +184,18 @@ class RubricPipeline:
     requests = [GenerationRequest(self.prompt_ids[i], self.sampling,
                                   seed=answer_seed(run_seed, self.task_set.name, i, task, rollout))
                 for i, task in zip(indices, tasks) for rollout in range(group_size)]
-    retries, failed = self.engine.server_retries, self.engine.failed_requests
-    results = generate_or_none(self.engine, requests) if requests else []
-    if len(results) != len(requests):
-      raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
+    generation = self.engine.generate_counted(requests) if requests else Generation(())
+    if len(generation.results) != len(requests):
+      raise RuntimeError(f"engine returned {len(generation.results)} results for "
+                         f"{len(requests)} requests")
     groups = []
     for k, (i, task) in enumerate(zip(indices, tasks)):
-      mine = results[k * group_size:(k + 1) * group_size]
+      mine = generation.results[k * group_size:(k + 1) * group_size]
       if any(r is None for r in mine):   # a request failed: the whole group is dropped
         continue
-      groups.append(Group(task=task, trajectories=[self._trajectory(task, self.prompt_ids[i], r)
-                                                   for r in mine]))
-    faults = {"rollout/server_retries": float(self.engine.server_retries - retries),
-              "rollout/failed_requests": float(self.engine.failed_requests - failed),
-              "rollout/groups_dropped": float(len(tasks) - len(groups))}
-    return groups, faults
-
-  def _trajectory(self, task: rubric_tasks.RubricTask, prompt: list[int], result) -> Trajectory:
-    answer = [int(t) for t in result.output_ids]
-    if not answer or len(result.logprobs) != len(answer):
-      raise RuntimeError(f"engine result for task {task.key} breaks the Engine contract: "
-                         f"{len(answer)} output ids, {len(result.logprobs)} log-probs")
-    text = self._answer_text(answer)
-    return Trajectory(task=task, token_ids=list(prompt) + answer,
-                      loss_mask=[0] * len(prompt) + [1] * len(answer),
-                      behaviour_logprobs=[0.0] * len(prompt) + [float(x) for x in result.logprobs],
-                      prompt_len=len(prompt),
-                      turns=[Turn(action_text=text, observation="", reward=0.0, done=True,
-                                  invalid=False, events=[])],
-                      success=False, reward=0.0, truncated=result.finish_reason == "length")
+      groups.append(Group(task=task, trajectories=[
+          self.chat.answer_trajectory(task, self.prompt_ids[i], r) for r in mine]))
+    return groups, RolloutFaults(len(tasks) - len(groups), generation.faults)
 
   def judge(self, record: RubricStep) -> RubricStep:
     """Verdicts r_ij per answer; each trajectory is replaced by one with R_i and success (every
@@ -420,7 +231,8 @@ class RubricPipeline:
       start += size
       rewards = cripo.weighted_rewards(mine[None], weights[None], None, normalizer)[0]
       pool.append(dataclasses.replace(group, trajectories=[
-          _with_reward(traj, 0.0 if bad else float(reward), not bad and passes(row, weights))
+          _with_reward(traj, 0.0 if bad else float(reward),
+                       not bad and rubric_tasks.passes(row, weights))
           for traj, row, reward, bad in zip(group.trajectories, mine, rewards, failed)]))
       verdicts.append(mine)
       unjudged.append(failed)
@@ -430,7 +242,7 @@ class RubricPipeline:
 
   def advantages(self, record: RubricStep) -> RubricStep:
     """GRPO over each group's judged answers (0 for the unjudged) and CriPO's analysis."""
-    _require(record, "advantages", verdicts=record.verdicts, unjudged=record.unjudged)
+    require(record, "advantages", "verdicts", "unjudged")
     advantages, analyses = [], []
     for group, verdicts, unjudged in zip(record.pool, record.verdicts, record.unjudged):
       judged = np.flatnonzero(~unjudged)
@@ -453,7 +265,7 @@ class RubricPipeline:
     return dataclasses.replace(record, chosen=tuple(range(len(record.pool))))
 
   def teach(self, record: RubricStep) -> RubricStep:
-    _require(record, "teach", analysis=record.analysis, chosen=record.chosen)
+    require(record, "teach", "analysis", "chosen")
     injection = counterfactual = skipped_empty = 0
     rc = self.config.rubric
     chosen = set(record.chosen)
@@ -471,8 +283,8 @@ class RubricPipeline:
         if answer:
           messages = cripo_prefix.injection_messages(
               question, answer, [texts[j] for j in np.flatnonzero(analysis.uc)],
-              self.system_prompt, self.injection_template)
-          teachers[analysis.best] = tuple(self._prefix_ids(messages, "injection teacher"))
+              self.chat.system_prompt, self.injection_template)
+          teachers[analysis.best] = tuple(self.chat.prefix_ids(messages, "injection teacher"))
           injection += 1
         else:
           skipped_empty += 1
@@ -484,8 +296,8 @@ class RubricPipeline:
             continue
           messages = cripo_prefix.counterfactual_messages(
               question, answer, [texts[j] for j in np.flatnonzero(analysis.cf_criteria[i])],
-              self.system_prompt, self.counterfactual_template)
-          cf_teachers[i] = tuple(self._prefix_ids(messages, "counterfactual teacher"))
+              self.chat.system_prompt, self.counterfactual_template)
+          cf_teachers[i] = tuple(self.chat.prefix_ids(messages, "counterfactual teacher"))
           counterfactual += 1
     return dataclasses.replace(
         record, teacher_ids=tuple(map(tuple, teacher_ids)),
@@ -502,7 +314,7 @@ class RubricPipeline:
 
   def rows(self, record: RubricStep) -> list[Row]:
     """The chosen groups' rows, in pool order."""
-    _require(record, "rows", advantages=record.advantages, teacher_ids=record.teacher_ids)
+    require(record, "rows", "advantages", "teacher_ids")
     rows = []
     for k in record.chosen:
       group = record.pool[k]
@@ -523,52 +335,20 @@ class RubricPipeline:
     del record   # no memory across steps besides the task cursor
 
   def evaluate(self) -> dict[str, dict[str, float]]:
-    """Per evaluation group of the held-out tasks (module docstring); greedy by default.
-
-    Answers the judge could not judge are left out and counted as `unjudged`.
-    """
-    tasks = [self.task_set.tasks[i] for i in self.eval_indices]
-    requests = [GenerationRequest(self.prompt_ids[i], self.eval_sampling,
-                                  seed=answer_seed(self.config.seed, self.task_set.name, i,
-                                                   self.task_set.tasks[i], 0))
-                for i in self.eval_indices]
-    answers = [self._answer_text(r.output_ids) for r in self.engine.generate(requests)]
-    judged = self.judge_backend.judge(tasks, answers)
-    normalizer = self.group_config.reward_normalizer
-    records: dict[str, list[tuple[bool, float, float, bool]]] = {}
-    unjudged: dict[str, int] = {}
-    for task, verdicts, failed in zip(tasks, judged.verdicts, judged.unjudged):
-      group = self.eval_group.get(task.domain or "", OTHER_DOMAINS)
-      if failed:
-        unjudged[group] = unjudged.get(group, 0) + 1
-        continue
-      score = float(cripo.weighted_rewards(verdicts[None, None], task.weights[None], None,
-                                           normalizer)[0, 0])
-      positive = task.weights > 0
-      records.setdefault(group, []).append((
-          passes(verdicts, task.weights), score, float(verdicts[positive].mean()),
-          bool((verdicts[task.weights < 0] > 0).any())))
-    if not records:
-      raise RuntimeError(f"evaluation: the {self.judge_backend.backend} criteria judge gave no "
-                         f"usable verdicts for any of the {len(tasks)} held-out answers")
-    results = {}
-    for group, rows in sorted(records.items()):
-      passed, scores, met, pitfalls = (list(column) for column in zip(*rows))
-      low, high = wilson_interval(sum(passed), len(passed))
-      score_low, score_high = t_interval(scores)
-      results[group] = {
-          "pass_rate": sum(passed) / len(passed), "ci_low": low, "ci_high": high,
-          "episodes": len(passed), "score": float(np.mean(scores)), "score_ci_low": score_low,
-          "score_ci_high": score_high, "criteria_met": float(np.mean(met)),
-          "pitfall_rate": float(np.mean(pitfalls)), "unjudged": unjudged.get(group, 0)}
-    return results
+    """Per evaluation group of the held-out tasks (`criteria_eval`); greedy by default."""
+    return criteria_eval.evaluate(
+        self.engine, self.judge_backend, [self.task_set.tasks[i] for i in self.eval_indices],
+        [self.prompt_ids[i] for i in self.eval_indices],
+        [answer_seed(self.config.seed, self.task_set.name, i, self.task_set.tasks[i], 0)
+         for i in self.eval_indices],
+        self.eval_sampling, self.chat.answer_text, self.eval_group,
+        self.group_config.reward_normalizer)
 
   def metrics(self, record: RubricStep) -> dict[str, float]:
     """Everything the step logs about its stages: the roll-out's faults, the judge's and the
     teacher's counters, and the diagnostics; `rollout/reward` is the mean reward of the judged
     answers (0 when none is judged, which `judge/failed` then shows)."""
-    _require(record, "metrics", judge_stats=record.judge_stats, analysis=record.analysis,
-             chosen=record.chosen, teacher_stats=record.teacher_stats)
+    require(record, "metrics", "judge_stats", "analysis", "chosen", "teacher_stats")
     trajectories = [t for g in record.pool for t in g.trajectories]
     unjudged = np.concatenate(record.unjudged)
     judged = [t for t, bad in zip(trajectories, unjudged) if not bad]
@@ -597,8 +377,7 @@ class RubricPipeline:
   def log_rollouts(self, log: runlog.RunLog, step: int, record: RubricStep) -> None:
     """Every answer of the pool (no tags: verdicts are per criterion, in the metrics); a group
     is marked `teacher` when the injection teacher distils one of its rows."""
-    _require(record, "log_rollouts", unjudged=record.unjudged, chosen=record.chosen,
-             teacher_ids=record.teacher_ids)
+    require(record, "log_rollouts", "unjudged", "chosen", "teacher_ids")
     chosen = set(record.chosen)
     notes = [runlog.GroupNotes(selected=k in chosen, teacher=record.teacher_applies(k),
                                unjudged=tuple(bool(u) for u in record.unjudged[k]))

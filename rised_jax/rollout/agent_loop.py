@@ -31,9 +31,11 @@ them; a server has its own): the G rollouts' shared first prompt is prefilled on
 (`shared_prefill`), and a reply that already holds a stop string ends inside the engine between
 decode chunks (`stop_check`), so it stops costing decode steps; the cut above is made as before.
 
-Failed requests: a request the engine gives up on (after its retries; `GenerationFailed`)
-ends its episode, and the episode's whole group is left out of `run`'s result (never trained
-on in part); `groups_dropped` counts them for the last `run`.
+Failed requests: a request the engine gives up on (after its retries) ends its episode, and
+the episode's whole group is left out of `run`'s result (never trained on in part). `run`
+returns its groups with its own counts (`Rollouts`: the groups dropped, the engine's retries
+and failed requests of the run's `generate_counted` calls, the errored episodes); the loop
+keeps no count across runs.
 
 Environment errors: an exception raised by an environment's `reset` or `step` (a crashed game,
 a dead remote server after its retries), a step result that breaks
@@ -45,9 +47,10 @@ errored. Its whole group is left out of
 `run`'s result like a failed request's: a group's advantages are taken against the mean of
 its G rewards, and an errored episode has no reward (scoring it 0 would teach the policy to
 avoid whatever the crash followed; masking it alone would leave a group of G - 1 among groups
-of G). `env_errors` lists the errored episodes of the last `run` (`EnvError`, counted in the
+of G). `Rollouts.env_errors` lists the run's errored episodes (`EnvError`, counted in the
 metrics), the instance is discarded and the next episode gets a new one (`EnvPool`). A run in
-which every group is dropped and some environment raised ends in `EnvironmentFailure`.
+which every group is dropped and some environment raised ends in `EnvironmentFailure`, which
+carries the run's `Rollouts` (no groups, its counts).
 
 Seeds: every rollout of a task plays the environment episode `task.seed`; the engine seed of
 rollout i at turn t is a hash of (run seed, task, i, t), so a run is reproducible and the G
@@ -66,8 +69,8 @@ import numpy as np
 from rised_jax import envs
 from rised_jax.envs.base import check_step_result
 from rised_jax.model.tokenizer import Tokenizer
-from rised_jax.rollout.base import (Engine, GenerationRequest, GenerationResult, SamplingParams,
-                                    generate_or_none)
+from rised_jax.rollout.base import (Engine, EngineFaults, GenerationRequest, GenerationResult,
+                                    SamplingParams)
 from rised_jax.rollout.chat import ChatFormat, join_system_text
 from rised_jax.rollout.env_pool import EnvError, EnvPool
 from rised_jax.rollout.progress import TurnBar
@@ -82,8 +85,37 @@ DEFAULT_MAX_ABS_REWARD = 1e6
 _FLOAT32_MAX = float(np.finfo(np.float32).max)   # a Python float: comparing casts nothing
 
 
+@dataclasses.dataclass(frozen=True)
+class RolloutFaults:
+  """What one roll-out call lost and met: groups dropped whole (a request failed after its
+  retries, or an environment raised), the engine's retried attempts and failed requests."""
+
+  groups_dropped: int = 0
+  engine: EngineFaults = EngineFaults()
+
+  def metrics(self) -> dict[str, float]:
+    """rollout/server_retries, rollout/failed_requests, rollout/groups_dropped."""
+    return {"rollout/server_retries": float(self.engine.server_retries),
+            "rollout/failed_requests": float(self.engine.failed_requests),
+            "rollout/groups_dropped": float(self.groups_dropped)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollouts:
+  """One `AgentLoop.run`: the groups kept, in task order, and the run's own counts."""
+
+  groups: tuple[Group, ...]
+  faults: RolloutFaults = RolloutFaults()
+  env_errors: tuple[EnvError, ...] = ()   # the run's errored episodes, in the order they raised
+
+
 class EnvironmentFailure(RuntimeError):
-  """Every group of a run was dropped and environments raised: nothing is left to use."""
+  """Every group of a run was dropped and environments raised: nothing is left to use.
+  `rollouts`: that run's result (no groups, its counts), when a run raised it."""
+
+  def __init__(self, message: str, rollouts: Rollouts | None = None):
+    super().__init__(message)
+    self.rollouts = rollouts
 
 
 def sampling_seed(seed: int, task: Task, rollout: int, turn: int) -> int:
@@ -178,8 +210,6 @@ class AgentLoop:
     if len(self.chat.end_of_turn_ids) == 1 and self.chat.end_of_turn_ids[0] not in stops:
       stops += self.chat.end_of_turn_ids
     self.sampling = dataclasses.replace(sampling, stop_token_ids=stops)
-    self.groups_dropped = 0   # groups left out of the last `run` (a request or env failed)
-    self.env_errors: list[EnvError] = []   # episodes of the last `run` whose environment raised
     self.envs = EnvPool()
 
   def _check_engine_limits(self, engine: Engine) -> None:
@@ -208,8 +238,10 @@ class AgentLoop:
 
   def run(self, tasks: Sequence[Task], group_size: int,
           hints: Mapping[str, str] | None = None, seed: int = 0,
-          desc: str = "rollout") -> list[Group]:
-    """G rollouts of every task (in order), with the environment's hint where `hints` has one.
+          desc: str = "rollout") -> Rollouts:
+    """G rollouts of every task (in order), with the environment's hint where `hints` has one,
+    and the run's counts (`Rollouts`; a group spoilt by a failed request or an environment
+    error is left out).
 
     A progress bar named `desc` counts the turns played against the turns budgeted
     (`rollout.progress`; process 0; it clears when done)."""
@@ -220,9 +252,11 @@ class AgentLoop:
         raise ValueError(f"AgentLoop.run: hints[{env_name!r}] must be a string, got {hint!r}")
     if not is_int(seed):
       raise ValueError(f"AgentLoop.run: seed must be an integer, got {seed!r}")
-    self.env_errors = []
+    env_errors: list[EnvError] = []   # appended as they raise
+    engine_faults = EngineFaults()
     episodes = [episode for task in tasks
-                for episode in self._start(task, group_size, hints.get(task.env, ""))]
+                for episode in self._start(task, group_size, hints.get(task.env, ""),
+                                           env_errors)]
     # Rollouts must not depend on what the engine generated before this run (JaxEngine's
     # prefix reuse would otherwise share keys/values computed in other batch shapes).
     self.engine.reset_prefix_cache()
@@ -231,15 +265,16 @@ class AgentLoop:
     with TurnBar(desc, [self._turn_budget(e) for e in live],
                  disable=jax.process_index() != 0) as bar:
       while live:
-        results = generate_or_none(self.engine, [self._request(e, seed) for e in live],
-                                   **self._engine_options())
+        generation = self.engine.generate_counted([self._request(e, seed) for e in live],
+                                                  **self._engine_options())
+        results, engine_faults = generation.results, engine_faults + generation.faults
         if len(results) != len(live):
           raise RuntimeError(f"engine returned {len(results)} results for {len(live)} requests")
         for episode, result in zip(live, results):
           if result is None:
             episode.failed = episode.done = True
           else:
-            self._advance(episode, result)
+            self._advance(episode, result, env_errors)
         bar.played([(slot[id(e)], len(e.turns), e.done) for e in live],
                    sum(len(r.output_ids) for r in results if r is not None))
         live = [e for e in live if not e.done]
@@ -251,9 +286,10 @@ class AgentLoop:
                   first_observation=group[0].first_observation)
             for task, group in zip(tasks, groups)
             if not any(e.failed or e.env_error for e in group)]
-    self.groups_dropped = len(tasks) - len(kept)
-    self._report_env_errors(len(episodes), bool(kept))
-    return kept
+    rollouts = Rollouts(tuple(kept), RolloutFaults(len(tasks) - len(kept), engine_faults),
+                        tuple(env_errors))
+    self._report_env_errors(rollouts, len(episodes))
+    return rollouts
 
   def _turn_budget(self, episode: _Episode) -> int | None:
     """The most turns the episode may play: the loop's budget and the environment's own
@@ -267,32 +303,35 @@ class AgentLoop:
       self.envs.release(episode.task, episode.env)
       episode.env = None
 
-  def _env_failed(self, episode: _Episode, stage: str, error: Exception) -> None:
-    """Ends the episode as errored and discards its environment instance."""
+  def _env_failed(self, episode: _Episode, stage: str, error: Exception,
+                  env_errors: list[EnvError]) -> None:
+    """Ends the episode as errored (listed in the run's `env_errors`) and discards its
+    environment instance."""
     episode.env_error = EnvError(task=episode.task, rollout=episode.rollout, stage=stage,
                                  message=f"{type(error).__name__}: {error}"[:2000])
     episode.done = True
-    self.env_errors.append(episode.env_error)
+    env_errors.append(episode.env_error)
     log.debug("task %s rollout %d: environment %s raised %r", episode.task.key, episode.rollout,
               stage, error)
     self.envs.discard(episode.env)
     episode.env = None
 
-  def _report_env_errors(self, episodes: int, kept_any: bool) -> None:
-    if not self.env_errors:
+  def _report_env_errors(self, rollouts: Rollouts, episodes: int) -> None:
+    if not rollouts.env_errors:
       return
-    first = self.env_errors[0]
-    what = (f"{len(self.env_errors)} of {episodes} episodes ended in an environment error "
+    first = rollouts.env_errors[0]
+    what = (f"{len(rollouts.env_errors)} of {episodes} episodes ended in an environment error "
             f"(first: task {first.task.key} rollout {first.rollout}, {first.stage}: "
             f"{first.message})")
-    if not kept_any:
+    if not rollouts.groups:
       raise EnvironmentFailure(f"{what}; every group of this run was dropped, so there is "
-                               "nothing to train on or evaluate")
+                               "nothing to train on or evaluate", rollouts)
     log.warning("%s; their groups are left out", what)
 
   # ---- one episode ---------------------------------------------------------------------------
 
-  def _start(self, task: Task, group_size: int, hint: str) -> list[_Episode]:
+  def _start(self, task: Task, group_size: int, hint: str,
+             env_errors: list[EnvError]) -> list[_Episode]:
     if not isinstance(task, Task):
       raise ValueError(f"AgentLoop.run: tasks must be Task objects, got {task!r}")
     started = []
@@ -312,7 +351,7 @@ class AgentLoop:
           raise ValueError(f"{task.env}: reset returned {type(observation).__name__} and "
                            f"system_prompt is {type(system_prompt).__name__}; expected str")
       except Exception as error:  # any environment failure  # pylint: disable=broad-except
-        self._env_failed(episode, "reset", error)
+        self._env_failed(episode, "reset", error, env_errors)
         continue
       episode.system_prompt, episode.first_observation = system_prompt, observation
       if prompt is None:  # the G rollouts of a task share one prompt
@@ -322,7 +361,8 @@ class AgentLoop:
           # other rollouts of the task would open the same way, so none is started).
           self._env_failed(episode, "reset", ValueError(
               f"the prompt (system prompt and first observation) has {len(prompt)} tokens, "
-              f"which leaves no room under max_total_tokens={self.max_total_tokens}"))
+              f"which leaves no room under max_total_tokens={self.max_total_tokens}"),
+              env_errors)
           too_long = True
           continue
       episode.token_ids, episode.prompt_len = list(prompt), len(prompt)
@@ -366,7 +406,8 @@ class AgentLoop:
       return len(output)
     return next(n for n in range(1, len(output) + 1) if self._holds_stop_string(output[:n]))
 
-  def _advance(self, episode: _Episode, result: GenerationResult) -> None:
+  def _advance(self, episode: _Episode, result: GenerationResult,
+               env_errors: list[EnvError]) -> None:
     """Appends the reply, steps the environment and appends its observation (or ends)."""
     output = [int(t) for t in result.output_ids]
     if not output or len(result.logprobs) != len(output):
@@ -383,7 +424,7 @@ class AgentLoop:
                                                           episode.task.env)
       self._check_reward(reward)
     except Exception as error:  # any environment failure  # pylint: disable=broad-except
-      self._env_failed(episode, "step", error)
+      self._env_failed(episode, "step", error, env_errors)
       return
     episode.turns.append(Turn(action_text=action_text, observation=observation,
                               reward=float(reward), done=bool(done),

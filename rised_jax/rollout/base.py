@@ -1,9 +1,13 @@
 """The engine protocol: everything the rollout stages ask of a sampler (in-process or SGLang).
 
-`Engine` declares all of it (generation, weight sync, the request limits, the prefix cache,
-the retry and failure counters); `EngineDefaults` gives an engine without fixed shapes, prefix
-cache or server (SGLang's client, the tests' fakes) the answers that mean "none", so callers
-never probe an engine for what it has.
+`Engine` declares all of it (generation, weight sync, the request limits, the prefix cache);
+`EngineDefaults` gives an engine without fixed shapes, prefix cache or server (SGLang's client,
+the tests' fakes) the answers that mean "none", so callers never probe an engine for what it has.
+
+Faults are reported per call, never kept on the engine for a caller to diff: `generate_counted`
+returns one call's results with the retries and failed requests that call met (`EngineFaults`),
+so a roll-out's counts are its own even while another thread (a weight sync, a judge) uses the
+same engine.
 """
 from __future__ import annotations
 
@@ -43,15 +47,26 @@ class GenerationFailed(RuntimeError):
     self.results = list(results)
 
 
-def generate_or_none(engine: Engine, requests: Sequence[GenerationRequest], **options: Any
-                     ) -> list[GenerationResult | None]:
-  """`engine.generate(requests, **options)`, with None in place of each request that failed:
-  for callers that drop what a failed request spoils (a rollout group) and go on with the
-  rest. `options`: the savings of `Engine.generate` (shared_prefill, stop_check)."""
-  try:
-    return engine.generate(requests, **options)
-  except GenerationFailed as failure:
-    return failure.results
+@dataclasses.dataclass(frozen=True)
+class EngineFaults:
+  """What one `generate_counted` call met: attempts retried (each faulty reply that was asked
+  again) and requests given up on after their retries; their sum is the faulty replies."""
+
+  server_retries: int = 0
+  failed_requests: int = 0
+
+  def __add__(self, other: EngineFaults) -> EngineFaults:
+    return EngineFaults(self.server_retries + other.server_retries,
+                        self.failed_requests + other.failed_requests)
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+  """One `generate_counted` call: a result per request, in order (None where the request
+  failed after its retries), and the faults the call met."""
+
+  results: tuple[GenerationResult | None, ...]
+  faults: EngineFaults = EngineFaults()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,10 +95,6 @@ StopCheck = Callable[[int, list[int]], bool]
 class Engine(Protocol):
   """A batched token-in, token-out sampler."""
 
-  # Retried server requests since the engine was built (0 for an in-process engine).
-  server_retries: int
-  # Requests given up on after their retries, since the engine was built (0 in-process).
-  failed_requests: int
   # True when every process of a multi-process run must make the same `generate` calls (the
   # in-process engine samples with one program over all hosts' devices); False when each
   # process may send requests of its own (a server's client): the pipelines then split the
@@ -113,6 +124,14 @@ class Engine(Protocol):
     """
     ...
 
+  def generate_counted(self, requests: Sequence[GenerationRequest], *,
+                       shared_prefill: bool = False,
+                       stop_check: StopCheck | None = None) -> Generation:
+    """`generate` for callers that drop what a failed request spoils (a rollout group) and go
+    on with the rest: never raises `GenerationFailed`; None stands for each failed request,
+    and the call's faults come with the results."""
+    ...
+
   def update_weights(self, model: Any, version: int) -> None:
     """Makes later generations use the given model's current parameters."""
     ...
@@ -121,8 +140,6 @@ class Engine(Protocol):
 class EngineDefaults:
   """What an engine without bucket limits, prefix cache or server retries answers."""
 
-  server_retries = 0
-  failed_requests = 0
   collective = False
   last_sync_bytes = 0
 
@@ -131,3 +148,12 @@ class EngineDefaults:
 
   def reset_prefix_cache(self) -> None:
     pass
+
+  def generate_counted(self, requests: Sequence[GenerationRequest], **options: Any) -> Generation:
+    """`generate`; an engine that never retries counts each failed request, no retry."""
+    try:
+      results = self.generate(requests, **options)
+    except GenerationFailed as failure:
+      results = failure.results
+    return Generation(tuple(results),
+                      EngineFaults(failed_requests=sum(r is None for r in results)))

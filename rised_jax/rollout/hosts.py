@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 import jax
 
 from rised_jax import parallel
-from rised_jax.rollout.agent_loop import EnvironmentFailure
+from rised_jax.rollout.agent_loop import EnvironmentFailure, Rollouts
 
 T = TypeVar("T")
 
@@ -55,16 +55,16 @@ def require_groups(record: T, num_tasks: int) -> T:
                      "log for the server's errors)")
 
 
-def run_share(loop: Any, tasks: Sequence[Any], split: bool, **options: Any) -> list:
+def run_share(loop: Any, tasks: Sequence[Any], split: bool, **options: Any) -> Rollouts:
   """`loop.run(own_share(tasks), **options)` (an `AgentLoop`); when split, a share that lost
-  every group to environment errors is [] (its counters stay on the loop), not yet an
-  `EnvironmentFailure`: the whole pool is judged after the gather."""
+  every group to environment errors is its `Rollouts` without groups (with its counts), not
+  yet an `EnvironmentFailure`: the whole pool is judged after the gather."""
   try:
     return loop.run(own_share(tasks, split), **options)
-  except EnvironmentFailure:
-    if not split:
+  except EnvironmentFailure as failure:
+    if not split or failure.rollouts is None:
       raise
-    return []
+    return failure.rollouts
 
 
 def own_share(items: Sequence[T], split: bool) -> list[T]:

@@ -57,8 +57,9 @@ Semantics the caller should know:
     (a fresh sample), like a transient HTTP failure; a request that still fails after its
     retries is reported by `generate` as `GenerationFailed` carrying every other result, so
     the caller drops the groups it spoils instead of training on part of one.
-  * `server_retries` and `failed_requests` count, since construction, the retried attempts and
-    the requests given up on (the pipelines log them per step).
+  * `generate_counted` returns, with one call's results, the attempts it retried and the
+    requests it gave up on (`EngineFaults`; the pipelines log them per step); the retries of
+    other calls (a weight sync, a cache flush) are only logged.
 """
 from __future__ import annotations
 
@@ -73,8 +74,8 @@ import time
 from typing import Any, Mapping, Sequence
 
 from rised_jax import http_retry
-from rised_jax.rollout.base import (EngineDefaults, GenerationFailed, GenerationRequest,
-                                    GenerationResult, StopCheck)
+from rised_jax.rollout.base import (EngineDefaults, EngineFaults, Generation, GenerationFailed,
+                                    GenerationRequest, GenerationResult, StopCheck)
 from rised_jax.checks import is_http_url, is_int, is_number
 
 log = logging.getLogger(__name__)
@@ -236,6 +237,26 @@ def _is_export(path: str) -> bool:
 WEIGHT_SYNCS = ("disk", "tensor")
 
 
+class _FaultTally:
+  """The faults of one `generate` call, counted from its worker threads."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._retries = self._failed = 0
+
+  def retried(self) -> None:
+    with self._lock:
+      self._retries += 1
+
+  def failed(self) -> None:
+    with self._lock:
+      self._failed += 1
+
+  def counts(self) -> EngineFaults:
+    with self._lock:
+      return EngineFaults(server_retries=self._retries, failed_requests=self._failed)
+
+
 class SGLangEngine(EngineDefaults):
   """Token-in, token-out generation on an SGLang server; see the module docstring.
 
@@ -296,9 +317,6 @@ class SGLangEngine(EngineDefaults):
     self.retry_policy = http_retry.RetryPolicy(max_retries=max_retries, backoff_s=backoff_s,
                                                max_backoff_s=max_backoff_s)
     self.vocab_size = vocab_size
-    self.server_retries = 0    # retried attempts, all calls (module docstring)
-    self.failed_requests = 0   # /generate requests given up on after their retries
-    self._count_lock = threading.Lock()
     self.weight_dir = None if weight_dir is None else os.path.abspath(weight_dir)
     self.tokenizer = tokenizer
     self.export_dtype = export_dtype
@@ -317,13 +335,12 @@ class SGLangEngine(EngineDefaults):
   def _url(self, path: str) -> str:
     return f"{self.base_url}{path}"
 
-  def _retry(self, call):
-    return http_retry.call_with_retry(call, self.retry_policy, on_retry=self._count_retry)
-
-  def _count_retry(self, error: BaseException, wait_s: float) -> None:
-    with self._count_lock:
-      self.server_retries += 1
-    log.info("SGLang: retry in %.2f s after: %s", wait_s, error)
+  def _retry(self, call, faults: _FaultTally | None = None):
+    def on_retry(error: BaseException, wait_s: float) -> None:
+      if faults is not None:
+        faults.retried()
+      log.info("SGLang: retry in %.2f s after: %s", wait_s, error)
+    return http_retry.call_with_retry(call, self.retry_policy, on_retry=on_retry)
 
   def _call_json(self, method: str, path: str, payload: Any = None) -> Any:
     return self._retry(lambda: http_retry.request_json(
@@ -384,7 +401,8 @@ class SGLangEngine(EngineDefaults):
 
   # -- generation -------------------------------------------------------------------------
 
-  def _generate_one(self, index: int, request: GenerationRequest) -> GenerationResult:
+  def _generate_one(self, index: int, request: GenerationRequest,
+                    faults: _FaultTally) -> GenerationResult:
     where = f"SGLang /generate (request {index})"
     url = self._url("/generate")
     payload = build_generate_payload(request)
@@ -401,10 +419,9 @@ class SGLangEngine(EngineDefaults):
                                           retryable=True) from invalid
 
     try:
-      return self._retry(attempt)
+      return self._retry(attempt, faults)
     except http_retry.HTTPRequestError as error:
-      with self._count_lock:
-        self.failed_requests += 1
+      faults.failed()
       raise SGLangError(f"{where} failed: {error}") from error
 
   def generate(self, requests: Sequence[GenerationRequest], *, shared_prefill: bool = False,
@@ -415,9 +432,28 @@ class SGLangEngine(EngineDefaults):
     fail (after their retries), the others still finish and `SGLangGenerationFailed` is
     raised with them (None where a request failed) and the first failure in its message; an
     unexpected error (a bug) cancels the requests not yet sent and propagates."""
+    del shared_prefill, stop_check
+    results, errors, _ = self._generate_all(requests)
+    if errors:
+      raise SGLangGenerationFailed(
+          f"{len(errors)} of {len(requests)} SGLang requests failed after their retries; "
+          f"first: {errors[0]}", results=results)
+    return results
+
+  def generate_counted(self, requests: Sequence[GenerationRequest], *,
+                       shared_prefill: bool = False,
+                       stop_check: StopCheck | None = None) -> Generation:
+    """`generate`'s results (None where a request failed) with the faults this call met."""
+    del shared_prefill, stop_check
+    results, _, faults = self._generate_all(requests)
+    return Generation(tuple(results), faults)
+
+  def _generate_all(self, requests: Sequence[GenerationRequest]
+                    ) -> tuple[list[GenerationResult | None], list[SGLangError], EngineFaults]:
     for index, request in enumerate(requests):
       validate_request(request, index)
-    futures = [self._pool.submit(self._generate_one, index, request)
+    faults = _FaultTally()
+    futures = [self._pool.submit(self._generate_one, index, request, faults)
                for index, request in enumerate(requests)]
     results: list[GenerationResult | None] = []
     errors: list[SGLangError] = []
@@ -432,11 +468,7 @@ class SGLangEngine(EngineDefaults):
       for future in futures:
         future.cancel()
       raise
-    if errors:
-      raise SGLangGenerationFailed(
-          f"{len(errors)} of {len(requests)} SGLang requests failed after their retries; "
-          f"first: {errors[0]}", results=results)
-    return results
+    return results, errors, faults.counts()
 
   # -- weight sync ------------------------------------------------------------------------
 

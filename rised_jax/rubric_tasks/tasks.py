@@ -236,3 +236,9 @@ def check_group(task: RubricTask, answers: Sequence[str]) -> np.ndarray:
   """r_ij for the G answers of one group: float32 [G, num_criteria]."""
   return np.stack([check(task, a) for a in answers]) if answers else np.zeros(
       (0, len(task.criteria)), np.float32)
+
+
+def passes(verdicts: np.ndarray, weights: np.ndarray) -> bool:
+  """A task passed: every positive criterion met and no pitfall committed."""
+  met = np.asarray(verdicts) > 0
+  return bool(np.all(met[weights > 0]) and not np.any(met[weights < 0]))

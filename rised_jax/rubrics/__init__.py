@@ -10,7 +10,7 @@ from typing import Any
 
 from rised_jax import plugins
 from rised_jax.checks import named
-from rised_jax.rubrics import registry
+from rised_jax.rubrics.engine_text import supplied_options
 from rised_jax.rubrics.judge import Judge, JudgeError, JudgeStats, LLMJudge, RemoteJudge
 from rised_jax.rubrics.llm_judges import GeminiJudge, InProcessJudge, OpenAICompatibleJudge
 from rised_jax.rubrics.parsing import parse_verdict
@@ -26,7 +26,7 @@ __all__ = [
     "pool_profiles", "tag_frequencies",
 ]
 
-JUDGES = plugins.Registry("judge", {
+JUDGES = plugins.Registry("judge", "judge.backend", {
     cls.backend: cls for cls in (RuleBasedJudge, GeminiJudge, OpenAICompatibleJudge,
                                  InProcessJudge)
 }, check=plugins.check_subclass(Judge))
@@ -35,12 +35,12 @@ JUDGES = plugins.Registry("judge", {
 def make_judge(name: str, vocab: Vocabulary, **options: Any) -> Judge:
   """A judge by backend name ("rules", "genai", "openai", "inprocess", an entry point or an
   import path) with its options."""
-  return registry.build("judge", JUDGES, name, vocab, **options)
+  return JUDGES.build(name, vocab, **options)
 
 
 def check_config(config: Any) -> None:
   """config.judge (the agentic pipeline's tag judge): backend, options and vocabulary file."""
-  with named("config.judge"):
-    registry.check("judge", JUDGES, config.judge.backend, config.judge.options.to_dict(),
-                   positional=1, supplied=registry.supplied_options(config.judge.backend))
+  with named("config.judge"):   # name errors name config.judge.backend themselves
+    JUDGES.check_options(config.judge.backend, config.judge.options.to_dict(), positional=1,
+                         supplied=supplied_options(config.judge.backend))
   Vocabulary.load(config.judge.vocabulary or "agentic_v1")

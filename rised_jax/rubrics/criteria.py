@@ -12,7 +12,8 @@ guessed.
 
 Backends:
   checker     `rubric_tasks.check`, the machine checks of the task file; never unjudged.
-  genai, openai, inprocess
+  genai, openai, inprocess (and plug-ins: `CRITERIA_JUDGES`, entry points of group
+  rised_jax.criteria_judges or import paths to an `LLMJudge` subclass)
               the LLM judges of `rubrics.llm_judges`, asked one question per (answer, criterion);
               all questions of a call go out together (bounded concurrency for the HTTP
               backends, `generate_text` calls of `batch_size` for the in-process one). A question
@@ -43,11 +44,10 @@ from typing import Any, Sequence
 import jinja2
 import numpy as np
 
-from rised_jax import rubrics
+from rised_jax import plugins, rubrics
 from rised_jax.rubric_tasks import Criterion, RubricTask, check
 from rised_jax.rubrics import judge as judge_lib
 from rised_jax.rubrics import prompt as prompt_lib
-from rised_jax.rubrics import registry
 from rised_jax.rubrics.vocabulary import RubricEntry, Vocabulary
 from rised_jax.checks import is_int
 
@@ -57,9 +57,6 @@ DEFAULT_TEMPLATE = "criteria_prompt.jinja"
 VERDICTS = Vocabulary([RubricEntry("met", "+", "the answer meets the criterion"),
                        RubricEntry("not_met", "-", "the answer does not meet the criterion")],
                       source="criterion verdicts (built-in)")
-_LLM_JUDGES: dict[str, type[judge_lib.LLMJudge]] = {
-    name: cls for name, cls in rubrics.JUDGES.items() if issubclass(cls, judge_lib.LLMJudge)}
-BACKENDS = ("checker", *sorted(_LLM_JUDGES))
 _OWN_OPTIONS = ("template_path", "max_answer_chars")
 _TRANSCRIPT_OPTIONS = ("max_turns", "max_chars", "describe_task")
 
@@ -185,6 +182,19 @@ class CheckerJudge(CriteriaJudge):
     return CriteriaVerdicts(verdicts, np.zeros(len(answers), bool), stats)
 
 
+def _check_backend(obj: Any, name: str) -> None:
+  """A criteria judge backend is the checker or an LLM judge (asked one question per criterion)."""
+  if obj is not CheckerJudge:
+    plugins.check_subclass(judge_lib.LLMJudge)(obj, name)
+
+
+# config.rubric.judge.backend: the checker and the tag judges' LLM backends.
+CRITERIA_JUDGES = plugins.Registry("criteria judge", "rubric.judge.backend", {
+    "checker": CheckerJudge,
+    **{name: cls for name, cls in rubrics.JUDGES.builtins.items()
+       if issubclass(cls, judge_lib.LLMJudge)}}, check=_check_backend)
+
+
 def _verdict_value(verdict) -> float | None:
   """1.0 (met), 0.0 (not met) or None (unjudged: no answer, garbage, neither or both tags)."""
   if verdict.unjudged:
@@ -228,11 +238,10 @@ class LLMCriteriaJudge(CriteriaJudge):
 
 def accepted_options(backend: str) -> list[str]:
   """The option names `make_criteria_judge(backend, ...)` takes."""
-  if backend not in BACKENDS:
-    raise ValueError(f"criteria judge backend {backend!r}: expected one of {list(BACKENDS)}")
-  if backend == "checker":
+  cls = CRITERIA_JUDGES.lookup(backend)
+  if cls is CheckerJudge:
     return []
-  inherited = [name for name in registry.accepted_options(_LLM_JUDGES[backend])
+  inherited = [name for name in plugins.parameters(cls)
                if name not in ("vocab", *_OWN_OPTIONS, *_TRANSCRIPT_OPTIONS)]
   return [*inherited, *_OWN_OPTIONS]
 
@@ -254,15 +263,15 @@ def check_options(backend: str, options: dict[str, Any], *, supplied: Sequence[s
   missing = [name for name in required if name not in options and name not in supplied]
   if missing:
     raise ValueError(f"criteria judge {backend!r} needs option(s) {missing}")
-  if backend != "checker":
+  if CRITERIA_JUDGES[backend] is not CheckerJudge:
     CriterionPrompt(options.get("template_path"), options.get("max_answer_chars", 16000))
 
 
 def make_criteria_judge(backend: str, **options: Any) -> CriteriaJudge:
   """A criteria judge by backend name (module docstring) with its options."""
   check_options(backend, options)
-  if backend == "checker":
+  if CRITERIA_JUDGES[backend] is CheckerJudge:
     return CheckerJudge()
   own = {name: options.pop(name) for name in _OWN_OPTIONS if name in options}
-  llm = registry.build("criteria judge", _LLM_JUDGES, backend, VERDICTS, **options)
+  llm = CRITERIA_JUDGES.build(backend, VERDICTS, **options)
   return LLMCriteriaJudge(llm, **own)

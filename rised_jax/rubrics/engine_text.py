@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from rised_jax.rollout.base import Engine, GenerationRequest, SamplingParams
-from rised_jax.rubrics import registry
 
 
 def text_generator(engine: Engine, tokenizer, *, max_new_tokens: int = 256,
@@ -30,10 +29,16 @@ def judge_options(judge_config: Any, engine: Engine, tokenizer) -> dict[str, Any
   """The keyword options of the judge `judge_config` names (config.judge or
   config.rubric.judge): its `options`, plus for the `inprocess` backend the policy itself as
   `generate_text`, through the same engine, answering at most `judge_config.max_new_tokens`
-  (`registry.supplied_options`: what config validation must not ask for)."""
+  (`supplied_options`: what config validation must not ask for)."""
   options = judge_config.options.to_dict()
-  if "generate_text" in registry.supplied_options(judge_config.backend):
+  if "generate_text" in supplied_options(judge_config.backend):
     options["generate_text"] = text_generator(engine, tokenizer,
                                               max_new_tokens=judge_config.max_new_tokens)
   return options
 
+
+
+def supplied_options(backend: str) -> tuple[str, ...]:
+  """Options of a judge backend that the pipeline supplies itself: the in-process judge's
+  `generate_text` (the policy, through the rollout engine; `judge_options`)."""
+  return ("generate_text",) if backend == "inprocess" else ()

@@ -23,7 +23,6 @@ import numpy as np
 
 from rised_jax import json_data, plugins
 
-BUILTIN_VOCABULARIES = ("agentic_v1",)
 _ID_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 _REQUIRED_KEYS = ("id", "polarity", "description")
 
@@ -114,22 +113,20 @@ class Vocabulary:
 
   @classmethod
   def load(cls, name_or_path: str | os.PathLike[str]) -> "Vocabulary":
-    """Loads a built-in vocabulary by name (e.g. "agentic_v1") or a JSON file by path."""
+    """A vocabulary by name (`VOCABULARIES`: "agentic_v1", an entry point, an import path) or a
+    JSON file by path."""
     name = os.fspath(name_or_path)
-    if name in BUILTIN_VOCABULARIES:
-      resource = importlib.resources.files("rised_jax.rubrics") / "data" / f"{name}.json"
-      text, source = resource.read_text(encoding="utf-8"), f"{name} (built-in)"
-    else:
-      if not os.path.isfile(name):
-        if name in plugins.entry_points(plugins.GROUPS["vocabulary"]) or \
-            plugins.is_import_path(name):
-          return cls._from_plugin(name)
-        raise VocabularyError(
-            f"vocabulary {name!r}: no such file; expected a JSON file path, one of the "
-            f"built-in names {list(BUILTIN_VOCABULARIES)}, an entry point of group "
-            f"{plugins.GROUPS['vocabulary']!r} or an import path 'package.module:ATTRIBUTE'")
+    if name not in VOCABULARIES.builtins and os.path.isfile(name):
       with open(name, "rb") as f:
-        text, source = json_data.decode_utf8(f.read(), f"vocabulary {name}", VocabularyError), name
+        return cls.from_text(json_data.decode_utf8(f.read(), f"vocabulary {name}",
+                                                   VocabularyError), name)
+    if not plugins.is_import_path(name) and name not in VOCABULARIES.names():
+      raise VocabularyError(VOCABULARIES.unknown_message(name, "a JSON file path (no such file)"))
+    return cls._from_plugin(name, VOCABULARIES.lookup(name))
+
+  @classmethod
+  def from_text(cls, text: str, source: str) -> "Vocabulary":
+    """A vocabulary from the text of its JSON file, naming `source` in every error."""
     json_data.check_shape(text, f"vocabulary {source}", VocabularyError)
     try:
       data = json.loads(text)
@@ -139,24 +136,14 @@ class Vocabulary:
     return cls.from_json_data(data, source)
 
   @classmethod
-  def _from_plugin(cls, name: str) -> "Vocabulary":
-    """The vocabulary an entry point or import path names (module docstring)."""
-    entry = plugins.entry_points(plugins.GROUPS["vocabulary"]).get(name)
-    try:
-      found = entry.load() if entry is not None else plugins.import_object("vocabulary", name)
-      if callable(found) and not isinstance(found, type):
-        if not plugins.is_factory("vocabulary", found):
-          raise VocabularyError(
-              f"vocabulary {name!r} is the callable {found!r:.80}, not declared a vocabulary "
-              "factory, so it is not called; expected a Vocabulary, a list of {id, polarity, "
-              "description} entries, a JSON file path or a function decorated with "
-              "@rised_jax.plugins.factory('vocabulary')")
+  def _from_plugin(cls, name: str, found: Any) -> "Vocabulary":
+    """The vocabulary a registered object makes (module docstring; `_check_plugin` passed)."""
+    if callable(found) and not isinstance(found, type):
+      try:
         found = found()
-    except VocabularyError:
-      raise
-    except Exception as error:  # foreign code  # pylint: disable=broad-except
-      raise VocabularyError(f"vocabulary {name!r}: loading the plug-in failed: "
-                            f"{type(error).__name__}: {error}") from error
+      except Exception as error:  # foreign code  # pylint: disable=broad-except
+        raise VocabularyError(f"vocabulary {name!r}: loading the plug-in failed: "
+                              f"{type(error).__name__}: {error}") from error
     if isinstance(found, cls):
       return found
     if isinstance(found, list):
@@ -228,3 +215,30 @@ def _check_entry_fields(entry: RubricEntry, i: int, source: str) -> None:
     raise VocabularyError(
         f"vocabulary {source}: entry {i} ({entry.id!r}) has description "
         f"{entry.description!r}; expected a non-empty string")
+
+
+def _check_plugin(found: Any, name: str) -> None:
+  """A `VOCABULARIES` check: only a function declared a vocabulary factory is ever called."""
+  if callable(found) and not isinstance(found, type) and \
+      not plugins.is_factory("vocabulary", found):
+    raise VocabularyError(
+        f"vocabulary {name!r} is the callable {found!r:.80}, not declared a vocabulary "
+        "factory, so it is not called; expected a Vocabulary, a list of {id, polarity, "
+        "description} entries, a JSON file path or a function decorated with "
+        "@rised_jax.plugins.factory('vocabulary')")
+
+
+def _packaged(name: str) -> Vocabulary:
+  resource = importlib.resources.files("rised_jax.rubrics") / "data" / f"{name}.json"
+  return Vocabulary.from_text(resource.read_text(encoding="utf-8"), f"{name} (built-in)")
+
+
+@plugins.factory("vocabulary")
+def agentic_v1() -> Vocabulary:
+  """rubrics/data/agentic_v1.json, read on first use."""
+  return _packaged("agentic_v1")
+
+
+VOCABULARIES = plugins.Registry("vocabulary", "judge.vocabulary", {"agentic_v1": agentic_v1},
+                                check=_check_plugin)
+BUILTIN_VOCABULARIES = tuple(VOCABULARIES.builtins)

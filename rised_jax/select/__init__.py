@@ -11,7 +11,6 @@ from typing import Any
 
 from rised_jax import plugins
 from rised_jax.checks import named
-from rised_jax.rubrics import registry
 from rised_jax.select.base import Selector
 from rised_jax.select.baselines import (CurriculumSelector, DapoSelector, RandomSelector,
                                         SuccessRateSelector, UniformSelector, VarianceSelector)
@@ -23,7 +22,7 @@ __all__ = [
     "greedy_select", "make_selector",
 ]
 
-SELECTORS = plugins.Registry("selector", {
+SELECTORS = plugins.Registry("selector", "select.name", {
     cls.name: cls for cls in (RisedSelector, UniformSelector, RandomSelector, DapoSelector,
                               VarianceSelector, CurriculumSelector, SuccessRateSelector)
 }, check=plugins.check_subclass(Selector))
@@ -32,13 +31,13 @@ SELECTORS = plugins.Registry("selector", {
 def make_selector(name: str, **options: Any) -> Selector:
   """A selector by name ("rised", "uniform", "random", "dapo", "variance", "env_curriculum",
   "success_rate", an entry point or an import path)."""
-  return registry.build("selector", SELECTORS, name, **options)
+  return SELECTORS.build(name, **options)
 
 
 def check_config(config: Any) -> None:
   """config.select: the selector's name and options, and a batch that fits the pool."""
-  with named("config.select"):
-    registry.check("selector", SELECTORS, config.select.name, config.select.options.to_dict())
+  with named("config.select"):   # name errors name config.select.name themselves
+    SELECTORS.check_options(config.select.name, config.select.options.to_dict())
   if config.select.batch_groups > config.select.pool_groups:
     raise ValueError(f"config.select.batch_groups={config.select.batch_groups} exceeds "
                      f"config.select.pool_groups={config.select.pool_groups}")

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rised_jax import plugins
 from rised_jax.checks import named
-from rised_jax.rubrics import registry
 from rised_jax.teach.guidance import GuidanceMemory
 from rised_jax.teach.positive import (PositiveMemory, Positives, PositiveTeacher,
                                       available_positives, positive_teacher_prefix)
@@ -17,11 +17,11 @@ def check_config(config: Any, distills: bool) -> None:
   """config.teacher and config.guidance of the agentic pipeline; `distills` is whether the
   step has a distillation weight (`StepConfig.distills`)."""
   with named("config.teacher.options"):
-    registry.check("teacher", {"positive": PositiveTeacher}, "positive",
-                   config.teacher.options.to_dict(), positional=1)
+    plugins.check_options("teacher", "positive", PositiveTeacher,
+                          config.teacher.options.to_dict(), positional=1)
   with named("config.guidance.options"):
-    registry.check("guidance", {"memory": GuidanceMemory}, "memory",
-                   config.guidance.options.to_dict(), positional=1)
+    plugins.check_options("guidance", "memory", GuidanceMemory,
+                          config.guidance.options.to_dict(), positional=1)
   if config.teacher.enabled != distills:
     raise ValueError(
         f"config.teacher.enabled={config.teacher.enabled} but config.step.beta="

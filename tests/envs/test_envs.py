@@ -45,7 +45,8 @@ def test_registry_lists_the_six_environments():
 
 
 def test_make_rejects_unknown_names_and_keys_with_the_valid_ones():
-  with pytest.raises(ValueError, match=r"unknown environment 'chess'.*'countdown'.*'wordle'"):
+  with pytest.raises(ValueError, match=r"^config\.envs\.names: unknown environment 'chess'; "
+                     r"known: \[.*'countdown'.*'wordle'\]; or an entry point"):
     envs.make("chess")
   with pytest.raises(ValueError, match=r"sokoban: unknown difficulty key\(s\) \['colour'\]; "
                                        r"valid keys: \[.*'boxes'.*'width'\]"):

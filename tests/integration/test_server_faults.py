@@ -91,7 +91,8 @@ def test_agentic_step_drops_the_group_of_a_failed_request(server, tokenizer, fau
   group_size = config.rollout.group_size
   assert [g.task for g in pool] == tasks[1:]          # the first task's group is gone, whole
   assert metrics["rollout/groups_dropped"] == 1.0
-  assert metrics["rollout/server_retries"] == 1.0
+  # The two faults: a retry, then the retried request's last attempt (max_retries=1).
+  assert metrics["rollout/server_retries"] == 1.0 and metrics["rollout/failed_requests"] == 1.0
   assert metrics["judge/failed"] == 0.0               # the rule judge tags every rollout
   assert len(rows) == 3 * group_size
   assert len(server.calls_to("/generate")) == 4 * group_size + 1   # + the one retry
@@ -110,7 +111,8 @@ def test_rubric_step_drops_the_group_of_a_failed_request(server, tokenizer, faul
     pool, rows, metrics = one_step(pipe)
   assert [g.task for g in pool] == [pipe.task_set.tasks[i] for i in first[1:]]
   assert metrics["rollout/groups_dropped"] == 1.0
-  assert metrics["rollout/server_retries"] == 1.0
+  # The two faults: a retry, then the retried request's last attempt (max_retries=1).
+  assert metrics["rollout/server_retries"] == 1.0 and metrics["rollout/failed_requests"] == 1.0
   assert metrics["judge/failed"] == 0.0               # the offline checker judges everything
   assert len(rows) == 2 * config.rollout.group_size
   check_batch(rows, tokenizer.vocab_size, tokenizer.pad_token_id, 3 * config.rollout.group_size)

@@ -6,7 +6,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 import pytest
 
-from rised_jax.learn import advantages, lookup
+from rised_jax.learn import advantages
 
 
 def reference(name: str, rewards: np.ndarray, mask: np.ndarray, eps: float = 1e-6) -> np.ndarray:
@@ -89,14 +89,15 @@ def test_group_of_one_is_zero(name):
   assert np.all(got == 0.0)
 
 
-def test_lookup_binds_options_and_rejects_bad_names():
+def test_bind_binds_options_and_rejects_bad_names():
   r = np.array([[1.0, 0.0]], np.float32)
-  fn = lookup(advantages.ADVANTAGES, "advantage estimator", "grpo", eps=1.0)
+  fn = advantages.ADVANTAGES.bind("grpo", eps=1.0)
   np.testing.assert_allclose(fn(r), [[1 / 3, -1 / 3]], rtol=1e-6)   # ±0.5 / (0.5 + 1)
-  with pytest.raises(ValueError, match="unknown advantage estimator 'gpro'.*'grpo'"):
-    lookup(advantages.ADVANTAGES, "advantage estimator", "gpro")
-  with pytest.raises(ValueError, match=r"'drgrpo' takes no option\(s\) \['eps'\]"):
-    lookup(advantages.ADVANTAGES, "advantage estimator", "drgrpo", eps=1e-6)
+  with pytest.raises(ValueError, match=r"^config\.advantage: unknown advantage estimator 'gpro'; "
+                     r"known: \['drgrpo', 'grpo', 'rloo'\]"):
+    advantages.ADVANTAGES.bind("gpro")
+  with pytest.raises(ValueError, match=r"'drgrpo' has no option\(s\) \['eps'\]"):
+    advantages.ADVANTAGES.bind("drgrpo", eps=1e-6)
 
 
 def test_bad_inputs_are_named():

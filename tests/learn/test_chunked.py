@@ -282,7 +282,8 @@ def test_bad_inputs_are_rejected_before_the_scan(data):
       (dict(targets=y.astype(np.float32)), "targets must be integer token ids"),
       (dict(teacher_hidden=t[:, :-1]), r"teacher_hidden shape \(2, 12, 8\) must equal"),
       (dict(chunk=0), "chunk must be a positive int; got 0"),
-      (dict(divergence="kl"), r"unknown distillation divergence 'kl'; expected one of"),
+      (dict(divergence="kl"), r"unknown distillation divergence 'kl'; known: "
+       r"\['forward-kl', 'jsd', 'reverse-kl'\]; .*; or 'sampled-token'"),
       (dict(divergence=chunked.SAMPLED_TOKEN, topk=4), "takes no topk or divergence options"),
       (dict(topk=V + 1), r"topk must be in \[1, vocabulary size 48\]; got 49"),
       (dict(logits_fn=lambda h: (h @ w)[..., 0]), r"the logits function of student_hidden must "

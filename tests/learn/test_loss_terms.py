@@ -110,7 +110,7 @@ def test_flat_keys_go_to_their_term_and_come_back():
 @pytest.mark.parametrize("keys, message", [
     ({"beta": float("nan")}, r"beta=nan: expected a finite number"),
     ({"ref_kl_coef": -1.0}, r"ref_kl_coef \(-1.0\) must be >= 0"),
-    ({"aggregation": "mean"}, r"aggregation 'mean': expected one of"),
+    ({"aggregation": "mean"}, r"config.step.aggregation: unknown loss aggregation 'mean'"),
     ({"localize": True}, r"localize=True needs a distillation weight beta > 0"),
     ({"flip_alpha": "0.1"}, r"flip_alpha='0.1': expected a finite number"),
     ({"teacher": "old"}, r"teacher 'old': expected one of"),

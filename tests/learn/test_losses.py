@@ -222,7 +222,8 @@ def test_reference_kl_gradient_and_masking():
       lambda x: losses.reference_kl(x, q, mask, estimator="k3").sum())(jnp.asarray(p))
   np.testing.assert_allclose(value, np.exp(-1.0) + 1.0 - 1.0, rtol=1e-6)
   np.testing.assert_allclose(grad, [1.0 - np.exp(-1.0), 0.0], rtol=1e-6)
-  with pytest.raises(ValueError, match=r"unknown KL estimator 'k4'; expected one of \['k1'"):
+  with pytest.raises(ValueError, match=r"^config\.step\.ref_kl_estimator: unknown KL estimator "
+                     r"'k4'; known: \['k1', 'k2', 'k3'\]; or an entry point"):
     losses.reference_kl(p, q, estimator="k4")
 
 
@@ -410,11 +411,12 @@ def test_sampled_token_surrogate_value_and_gradient(logits):
 
 def test_divergence_settings_are_validated(logits):
   student, teacher, _ = logits
-  with pytest.raises(ValueError, match="unknown distillation divergence 'kl'"):
+  with pytest.raises(ValueError, match=r"^config\.step\.divergence: unknown distillation "
+                     r"divergence 'kl'; known: \['forward-kl', 'jsd', 'reverse-kl'\]"):
     losses.token_divergence(student, teacher, divergence="kl")
   with pytest.raises(ValueError, match=r"jsd beta must be in \(0, 1\); got 1.0"):
     losses.token_divergence(student, teacher, divergence="jsd", options={"beta": 1.0})
-  with pytest.raises(ValueError, match=r"'forward-kl' takes no option\(s\) \['beta'\]"):
+  with pytest.raises(ValueError, match=r"'forward-kl' has no option\(s\) \['beta'\]"):
     losses.token_divergence(student, teacher, options={"beta": 0.5})
   with pytest.raises(ValueError, match=r"topk must be in \[1, vocabulary size 16\]; got 17"):
     losses.token_divergence(student, teacher, topk=17)

@@ -3,6 +3,7 @@ that reach training rollouts but never evaluation prompts."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from rised_jax.learn import batching
 from tests.helpers.run_fixtures import frozenlake_pipeline as _pipeline
@@ -45,6 +46,18 @@ def test_teacher_rows_differ_from_student_rows_only_in_the_prefix():
   assert "Behaviours that succeed here" in teacher_prefix
 
 
+def test_a_stage_run_before_its_inputs_exist_names_them():
+  pipeline, _, _ = _pipeline("jump")
+  record = pipeline.roll_out(4)
+  assert (record.tags, record.chosen, record.teacher_prefixes) == (None, None, None)
+  with pytest.raises(RuntimeError, match=r"AgenticStep of step 4: rows needs \['advantages', "
+                                         r"'chosen', 'teacher_prefixes'\], which earlier stages "
+                                         r"set \(order: roll_out, judge, advantages"):
+    pipeline.rows(record)
+  with pytest.raises(RuntimeError, match=r"select needs \['tags'\]"):
+    pipeline.select(record)
+
+
 def test_groups_without_positives_get_no_distillation():
   # "jump" is never a valid action: every rollout fails, so no positive tag comes from a
   # successful rollout anywhere, and no group gets a teacher.
@@ -72,6 +85,6 @@ def test_hints_reach_training_rollouts_but_never_evaluation():
   pipeline.evaluate()
   assert engine.prompts and not any(_contains(p, hint_ids) for p in engine.prompts)
   # Training rows use the hint-free prompt by default (train_with_hint=False).
-  record = pipeline.select(pipeline.advantages(pipeline.judge(record)))
+  record = pipeline.teach(pipeline.select(pipeline.advantages(pipeline.judge(record))))
   rows = pipeline.rows(record)
   assert not any(_contains(list(r.prefix_ids), hint_ids) for r in rows)

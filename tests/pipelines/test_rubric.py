@@ -23,9 +23,10 @@ from rised_jax import parallel, runlog, stats, tasks, trainer
 from rised_jax.learn import batching, train_step
 from rised_jax.model import from_config, save_pretrained, tiny
 from rised_jax.pipelines import make_pipeline
-from rised_jax.pipelines import rubric
+from rised_jax.pipelines.criteria_prompts import visible_answer
 from rised_jax.rollout.base import EngineLimits, GenerationResult
 from rised_jax.rubric_tasks import BUILTIN_PATH, check
+from rised_jax.rubric_tasks.split import load_task_set, split_tasks
 from rised_jax.rubrics import criteria
 from rised_jax.teach import cripo_prefix
 from tests.helpers.fake_engine import FakeEngine
@@ -89,7 +90,7 @@ def task_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def task_set(task_file):
-  return rubric.load_task_set(task_file)
+  return load_task_set(task_file)
 
 
 @pytest.fixture(scope="module")
@@ -427,9 +428,9 @@ def test_evaluation_per_domain_on_held_out_tasks(cripo_run, task_set, scripts):
 
 
 def test_visible_answer_and_engine_limits(task_file, tokenizer):
-  assert rubric.visible_answer("<think>\nplan</think>\n\nAir scatters.", True) == "Air scatters."
-  assert rubric.visible_answer("  <think>still thinking", True) == ""
-  assert rubric.visible_answer("<think>x</think> y ", False) == "<think>x</think> y"
+  assert visible_answer("<think>\nplan</think>\n\nAir scatters.", True) == "Air scatters."
+  assert visible_answer("  <think>still thinking", True) == ""
+  assert visible_answer("<think>x</think> y ", False) == "<think>x</think> y"
 
   def bucketed(prompt_bucket):
     return ScriptedEngine(tokenizer, limits=EngineLimits.of_buckets((prompt_bucket,), (64,)))
@@ -444,9 +445,9 @@ def test_visible_answer_and_engine_limits(task_file, tokenizer):
 
 
 def test_task_stream_split_and_resume():
-  train, held_out = rubric.split_tasks(128, 32, split_seed=3)
+  train, held_out = split_tasks(128, 32, split_seed=3)
   assert len(held_out) == 32 and sorted(train + held_out) == list(range(128))
-  assert rubric.split_tasks(128, 32, split_seed=3) == (train, held_out)
+  assert split_tasks(128, 32, split_seed=3) == (train, held_out)
   stream = tasks.ShuffledStream(train[:5], seed=7)
   first = stream.next(3) + stream.next(4) + stream.next(3)
   assert sorted(first[:5]) == sorted(train[:5]) == sorted(first[5:10])
@@ -455,7 +456,7 @@ def test_task_stream_split_and_resume():
   resumed.load_state_dict(json.loads(json.dumps(stream.state_dict())))
   assert resumed.next(6) == stream.next(6)
   with pytest.raises(ValueError, match="eval_tasks=128"):
-    rubric.split_tasks(128, 128, 0)
+    split_tasks(128, 128, 0)
 
 
 @pytest.mark.parametrize("name, beta", [("cripo_qwen3_1p7b", 0.05), ("cripo_qwen3_4b", 0.03)])
@@ -498,7 +499,8 @@ def test_cpu_config_validates():
     ({"advantage": "rloo"}, r"config.advantage='rloo'"),
     ({"select.name": "rised"}, r"trains on every group"),
     ({"rubric.eval_tasks": 6}, r"eval_tasks=6"),
-    ({"rubric.judge.backend": "rules"}, r"config.rubric.judge: criteria judge backend 'rules'"),
+    ({"rubric.judge.backend": "rules"},
+     r"^config\.rubric\.judge\.backend: unknown criteria judge 'rules'; known: \['checker', "),
     ({"rubric.judge.backend": "openai"}, r"needs option\(s\) \['model'\]"),
     ({"rubric.tasks": "/nonexistent/tasks.jsonl"}, r"/nonexistent/tasks.jsonl"),
     ({"rubric.max_new_tokens": 1000}, r"max_new_tokens=1000 is above"),
@@ -537,8 +539,8 @@ def test_end_to_end_tiny_run(tmp_path, task_set, tokenizer):
     assert (r["distill_tokens"] > 0) == (r["cripo/injection_rows"] > 0)
   rollouts = runlog.read_jsonl(tmp_path / "run" / runlog.ROLLOUTS_FILE)
   # Every line is an answer to a training task of the set, named by its key (no environment).
-  task_set = rubric.load_task_set(c.rubric.tasks)
-  train, _ = rubric.split_tasks(len(task_set), c.rubric.eval_tasks, c.rubric.split_seed)
+  task_set = load_task_set(c.rubric.tasks)
+  train, _ = split_tasks(len(task_set), c.rubric.eval_tasks, c.rubric.split_seed)
   assert task_set.name == "rubric_science_medicine"
   assert len(rollouts) == 16 and {r["task"] for r in rollouts} <= {
       task_set.tasks[i].key for i in train}

@@ -188,9 +188,9 @@ def scripted_run(tokenizer):
   engine = ScriptedEngine(scripted_replies(tokenizer, TASKS, 2))
   loop = AgentLoop(engine, tokenizer, max_new_tokens_per_turn=64, max_total_tokens=4096,
                    sampling=SAMPLING)
-  groups = loop.run(TASKS, group_size=2, hints={"maze": "Avoid: bumping into walls."},
-                    seed=RUN_SEED)
-  return loop, engine, groups
+  run = loop.run(TASKS, group_size=2, hints={"maze": "Avoid: bumping into walls."},
+                 seed=RUN_SEED)
+  return loop, engine, run.groups
 
 
 def test_transcripts_keep_the_generated_ids(tokenizer, scripted_run):
@@ -279,7 +279,7 @@ def test_hint_only_in_the_prompt_of_its_environment(tokenizer, scripted_run):
   # Without hints no prompt has one.
   engine = ScriptedEngine(scripted_replies(tokenizer, TASKS[:1], 1))
   plain = AgentLoop(engine, tokenizer, max_new_tokens_per_turn=64, max_total_tokens=4096,
-                    sampling=SAMPLING).run(TASKS[:1], 1, seed=RUN_SEED)[0].trajectories[0]
+                    sampling=SAMPLING).run(TASKS[:1], 1, seed=RUN_SEED).groups[0].trajectories[0]
   assert plain.token_ids[:plain.prompt_len] == loop.prompt_ids(TASKS[0])
   assert plain.hint == "" and hint not in tokenizer.decode(plain.token_ids)
 
@@ -298,7 +298,7 @@ def test_reply_prefix_is_context_and_stop_strings_cut_replies(tokenizer):
   engine = ScriptedEngine({seed: ids + tail for seed, ids in kept.items()})
   loop = AgentLoop(engine, tokenizer, max_new_tokens_per_turn=64, max_total_tokens=4096,
                    sampling=SAMPLING, reply_prefix="<answer>", stop_strings=["</answer>"])
-  trajectory = loop.run([task], 1, seed=RUN_SEED)[0].trajectories[0]
+  trajectory = loop.run([task], 1, seed=RUN_SEED).groups[0].trajectories[0]
   assert trajectory.success and len(trajectory.turns) == len(plan)
   assert [t.action_text for t in trajectory.turns] == [f"<answer>{a}</answer>" for a in plan]
   # By hand: prompt, then per turn the forced prefix, the reply up to "</answer>", the eot the
@@ -332,7 +332,7 @@ def test_turn_budget_truncates_as_failure(tokenizer):
   engine = ScriptedEngine(scripted_replies(tokenizer, [task], 2))
   loop = AgentLoop(engine, tokenizer, max_turns=1, max_new_tokens_per_turn=64,
                    max_total_tokens=4096, sampling=SAMPLING)
-  solver, idler = loop.run([task], 2, seed=RUN_SEED)[0].trajectories
+  solver, idler = loop.run([task], 2, seed=RUN_SEED).groups[0].trajectories
   for trajectory in (solver, idler):   # the oracle needs 2 turns: one is not enough
     assert len(trajectory.turns) == 1 and trajectory.truncated and not trajectory.success
     # Nothing after the last reply: the ids end with the agent's tokens.
@@ -354,7 +354,7 @@ def test_token_budget_truncates_as_failure(tokenizer):
   engine = ScriptedEngine(replies)
   loop = AgentLoop(engine, tokenizer, max_new_tokens_per_turn=64, max_total_tokens=budget,
                    sampling=SAMPLING)
-  trajectory = loop.run([task], 1, seed=RUN_SEED)[0].trajectories[0]
+  trajectory = loop.run([task], 1, seed=RUN_SEED).groups[0].trajectories[0]
   assert [r.params.max_new_tokens for r in engine.requests] == [64, room_left]
   assert len(trajectory.turns) == 2 and trajectory.truncated and not trajectory.success
   assert len(trajectory.token_ids) == budget
@@ -377,7 +377,8 @@ def test_bad_arguments_are_errors(tokenizer):
               sampling=SAMPLING)
   loop = AgentLoop(ScriptedEngine({}), tokenizer, max_new_tokens_per_turn=8,
                    max_total_tokens=512, sampling=SAMPLING)
-  with pytest.raises(ValueError, match="unknown environment 'chess'"):
+  with pytest.raises(ValueError,
+                     match=r"^config\.envs\.names: unknown environment 'chess'; known: "):
     loop.run([Task("chess", 0)], 1)
   with pytest.raises(ValueError, match="group_size"):
     loop.run(TASKS, 0)
@@ -430,11 +431,11 @@ def test_jax_engine_multi_environment_run(tokenizer):
   loop = AgentLoop(engine, tokenizer, max_turns=2, max_new_tokens_per_turn=8,
                    max_total_tokens=512, sampling=SamplingParams(max_new_tokens=8, top_k=50))
   tasks = [Task("maze", 1), Task("countdown", 2), Task("sokoban", 3)]
-  groups = loop.run(tasks, group_size=2, seed=5)
+  groups = loop.run(tasks, group_size=2, seed=5).groups
   assert [len(g.trajectories) for g in groups] == [2, 2, 2]
   check_rollouts(model, tokenizer, groups, 512, atol=1e-4, per_turn=8)
   # Same seed, same rollouts; the two rollouts of a group differ.
-  again = loop.run(tasks, group_size=2, seed=5)
+  again = loop.run(tasks, group_size=2, seed=5).groups
   assert [[t.token_ids for t in g.trajectories] for g in again] == \
       [[t.token_ids for t in g.trajectories] for g in groups]
   assert all(g.trajectories[0].token_ids != g.trajectories[1].token_ids for g in groups)
@@ -457,7 +458,7 @@ def test_prefix_reuse_gives_the_same_rollouts(tokenizer):
                        reuse_prefix=reuse)
     loop = AgentLoop(engine, tokenizer, max_turns=3, max_new_tokens_per_turn=8,
                      max_total_tokens=512, sampling=SamplingParams(max_new_tokens=8, top_k=50))
-    groups = loop.run([Task("maze", 1), Task("countdown", 2)], group_size=2, seed=5)
+    groups = loop.run([Task("maze", 1), Task("countdown", 2)], group_size=2, seed=5).groups
     assert (engine.last_reused_tokens > 0) == reuse
     runs.append([t for g in groups for t in g.trajectories])
   plain, reused, again = runs
@@ -474,7 +475,7 @@ def test_packaged_smollm2_end_to_end(smollm2):
   engine = JaxEngine(model, max_batch=4, prompt_buckets=(512,), max_new_tokens_buckets=(32,))
   loop = AgentLoop(engine, tokenizer, max_turns=2, max_new_tokens_per_turn=32,
                    max_total_tokens=512, sampling=SamplingParams(max_new_tokens=32))
-  groups = loop.run([Task("wordle", 0), Task("frozenlake", 2)], group_size=2, seed=1)
+  groups = loop.run([Task("wordle", 0), Task("frozenlake", 2)], group_size=2, seed=1).groups
   check_rollouts(model, tokenizer, groups, 512, atol=2e-3, per_turn=32)
   for trajectory in (t for g in groups for t in g.trajectories):
     assert 1 <= len(trajectory.turns) <= 2

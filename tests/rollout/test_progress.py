@@ -81,7 +81,7 @@ def test_the_agent_loop_bar_moves_before_the_last_turn(monkeypatch):
   engine = WrongMoves(tokenizer)
   loop = agent_loop.AgentLoop(engine, tokenizer, max_turns=3, max_new_tokens_per_turn=8,
                               max_total_tokens=1024, sampling=SamplingParams(max_new_tokens=8))
-  groups = loop.run([Task("maze", 0), Task("maze", 1)], group_size=2, seed=0)
+  groups = loop.run([Task("maze", 0), Task("maze", 1)], group_size=2, seed=0).groups
   assert all(len(t.turns) == 3 for g in groups for t in g.trajectories)
   reply = len(engine.ids)
   # 4 episodes × 3 turns: the bar advances by 4 turns per call, 12 budgeted from the start.

@@ -8,7 +8,7 @@ import pytest
 
 from rised_jax.envs.remote import RemoteEnvironment
 from rised_jax import http_retry
-from rised_jax.rollout.base import GenerationRequest, SamplingParams
+from rised_jax.rollout.base import EngineFaults, GenerationRequest, SamplingParams
 from rised_jax.rollout.sglang_engine import SGLangEngine, SGLangError
 from tests.helpers.fake_sglang_server import FakeSGLangServer
 from tests.helpers.loopback import Loopback, QuietHandler
@@ -102,8 +102,11 @@ def test_sglang_a_reply_over_the_cap_fails_its_request_without_a_retry(sglang):
     with pytest.raises(SGLangError, match=r"request 0\) failed: .*larger than max_reply_bytes="
                                           r"1048576"):
       client.generate([GenerationRequest(prompt_ids=[1, 2, 3], params=GREEDY)])
-    assert (client.server_retries, client.failed_requests) == (0, 1)
-  assert len(sglang.calls_to("/generate")) == 1
+    sglang.inject("/generate", "huge")
+    generation = client.generate_counted([GenerationRequest(prompt_ids=[1, 2, 3], params=GREEDY)])
+    assert generation.results == (None,)
+    assert generation.faults == EngineFaults(server_retries=0, failed_requests=1)
+  assert len(sglang.calls_to("/generate")) == 2
 
 
 def test_sglang_a_large_reply_under_the_cap_is_used(sglang):

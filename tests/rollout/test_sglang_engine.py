@@ -2,6 +2,7 @@
 retries, concurrency and weight sync. Fast: no model server, no accelerator."""
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import time
 
@@ -17,7 +18,8 @@ from rised_jax import model as rised_model
 from rised_jax import http_retry
 from rised_jax.model import save_pretrained
 from rised_jax.model.hf_io import export_manifest
-from rised_jax.rollout.base import GenerationFailed, GenerationRequest, SamplingParams
+from rised_jax.rollout.base import (EngineFaults, Generation, GenerationFailed,
+                                    GenerationRequest, SamplingParams)
 from rised_jax.rollout.sglang_engine import (VERSION_KEY, SGLangEngine, SGLangError,
                                              SGLangGenerationFailed,
                                              parse_generate_response, validate_request)
@@ -216,22 +218,27 @@ IMPOSSIBLE = [
 
 @pytest.mark.parametrize("fault, message", IMPOSSIBLE)
 def test_impossible_replies_are_retried_then_fail_naming_the_request(small, fault, message):
-  small.inject("/generate", fault, times=3)
+  request = GenerationRequest(prompt_ids=[1, 2, 3], params=GREEDY)
   with SGLangEngine(small.url, vocab_size=VOCAB, max_retries=2, backoff_s=0.001) as client:
+    small.inject("/generate", fault, times=3)
     with pytest.raises(SGLangError) as error:
-      client.generate([GenerationRequest(prompt_ids=[1, 2, 3], params=GREEDY)])
-    assert (client.server_retries, client.failed_requests) == (2, 1)
+      client.generate([request])
+    # The same faults met through generate_counted: no error, the call's own counts.
+    small.inject("/generate", fault, times=3)
+    assert client.generate_counted([request]) == Generation(
+        (None,), EngineFaults(server_retries=2, failed_requests=1))
   text = str(error.value)
   assert message in text and "request 0" in text and "gave up after 3 attempts" in text
-  assert len(small.calls_to("/generate")) == 3
+  assert len(small.calls_to("/generate")) == 6
 
 
 @pytest.mark.parametrize("fault", [fault for fault, _ in IMPOSSIBLE])
 def test_one_impossible_reply_is_replaced_by_the_retry(small, fault):
   small.inject("/generate", fault)
   with SGLangEngine(small.url, vocab_size=VOCAB, max_retries=2, backoff_s=0.001) as client:
-    (result,) = client.generate([GenerationRequest(prompt_ids=[1, 2, 3], params=GREEDY)])
-    assert (client.server_retries, client.failed_requests) == (1, 0)
+    generation = client.generate_counted([GenerationRequest(prompt_ids=[1, 2, 3], params=GREEDY)])
+    assert generation.faults == EngineFaults(server_retries=1, failed_requests=0)
+  (result,) = generation.results
   tokens = fake_tokens([1, 2, 3], 4, vocab=VOCAB)
   assert result.output_ids == tokens.tolist()
   np.testing.assert_allclose(result.logprobs, fake_logprobs(tokens), rtol=0, atol=1e-12)
@@ -249,6 +256,24 @@ def test_a_failed_request_leaves_the_others_results(small):
   assert error.value.results[0] is None
   assert [r.output_ids for r in error.value.results[1:]] == [
       fake_tokens([i + 1], 4, vocab=VOCAB).tolist() for i in (1, 2)]
+
+
+def test_each_call_counts_only_its_own_faults(small):
+  # Two calls at once on one client: every request whose prompt starts with 7 meets a faulty
+  # reply on each attempt (3 attempts: 2 retries, then given up on); the other call's are clean.
+  small.poison("bad_token", lambda body: body["input_ids"][0] == 7)
+  faulty = [GenerationRequest(prompt_ids=[7, i], params=GREEDY) for i in range(3)]
+  clean = [GenerationRequest(prompt_ids=[1, i], params=GREEDY) for i in range(4)]
+  with SGLangEngine(small.url, vocab_size=VOCAB, max_concurrency=4, max_retries=2,
+                    backoff_s=0.001) as client:
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+      calls = [pool.submit(client.generate_counted, requests) for requests in (faulty, clean)]
+      spoilt, kept = (call.result() for call in calls)
+    assert spoilt == Generation((None,) * 3, EngineFaults(server_retries=6, failed_requests=3))
+    assert kept.faults == EngineFaults() and all(r is not None for r in kept.results)
+    # A later call starts from nothing: counts are per call, not since construction.
+    assert client.generate_counted(clean[:1]).faults == EngineFaults()
+  assert len([b for b in small.calls_to("/generate") if b["input_ids"][0] == 7]) == 9
 
 
 def test_parse_bounds_are_optional_but_negative_ids_never_pass():
@@ -272,9 +297,10 @@ def test_rate_limits_and_timeouts_are_retried_after_retry_after(fake, fault):
   fake.inject("/generate", fault)
   with SGLangEngine(fake.url, timeout_s=5.0, max_retries=2, backoff_s=0.01) as client:
     start = time.monotonic()
-    (result,) = client.generate([GenerationRequest(prompt_ids=[1, 2, 3], params=GREEDY)])
+    generation = client.generate_counted([GenerationRequest(prompt_ids=[1, 2, 3], params=GREEDY)])
     waited = time.monotonic() - start
-    assert client.server_retries == 1
+    assert generation.faults == EngineFaults(server_retries=1)
+  (result,) = generation.results
   assert result.output_ids == [37, 68, 99, 130]
   assert len(fake.calls_to("/generate")) == 2
   assert 1.0 <= waited < 4.0

@@ -243,7 +243,7 @@ def test_agent_loop_rollouts_are_unchanged_by_the_savings():
                    sampling=SamplingParams(max_new_tokens=8), stop_strings=["e"])
   tasks = [Task("maze", 1), Task("countdown", 2)]
   fast = JaxEngine(model, decode_chunk=2, **args)
-  runs = [AgentLoop(engine, tokenizer, **loop_args).run(tasks, group_size=3, seed=5)
+  runs = [AgentLoop(engine, tokenizer, **loop_args).run(tasks, group_size=3, seed=5).groups
           for engine in (SavingsDeclined(JaxEngine(model, **args)), fast)]
   assert [[t.token_ids for t in g.trajectories] for g in runs[0]] == \
       [[t.token_ids for t in g.trajectories] for g in runs[1]]

@@ -207,7 +207,8 @@ def test_question_rendering():
 
 
 def test_bad_backends_options_and_templates(tmp_path):
-  with pytest.raises(ValueError, match="expected one of"):
+  with pytest.raises(ValueError, match=r"^config\.rubric\.judge\.backend: unknown criteria judge "
+                     r"'rules'; known: \['checker', 'genai', 'inprocess', 'openai'\]"):
     criteria.make_criteria_judge("rules")
   with pytest.raises(ValueError, match=r"no option\(s\) \['max_turns'\].*RISED transcripts"):
     criteria.make_criteria_judge("inprocess", generate_text=list, max_turns=3)

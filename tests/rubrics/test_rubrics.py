@@ -107,7 +107,8 @@ def test_load_errors_name_file_and_entry(tmp_path, data, message):
 
 
 def test_load_missing_file_names_builtins(tmp_path):
-  with pytest.raises(VocabularyError, match=r"no such file.*agentic_v1"):
+  with pytest.raises(VocabularyError, match=r"unknown vocabulary '.*nope\.json'; known: "
+                     r"\['agentic_v1'\]; .*; or a JSON file path \(no such file\)"):
     Vocabulary.load(str(tmp_path / "nope.json"))
 
 
@@ -346,8 +347,8 @@ def test_judge_returns_tags_per_group_and_counts(vocab):
 
 
 def test_make_judge_errors(vocab):
-  with pytest.raises(ValueError, match=r"unknown judge 'llm'; expected one of \['genai', "
-                     r"'inprocess', 'openai', 'rules'\]"):
+  with pytest.raises(ValueError, match=r"^config\.judge\.backend: unknown judge 'llm'; known: "
+                     r"\['genai', 'inprocess', 'openai', 'rules'\]; or an entry point"):
     make_judge("llm", vocab)
   with pytest.raises(ValueError, match=r"judge 'rules' has no option\(s\) \['model'\]"):
     make_judge("rules", vocab, model="x")
