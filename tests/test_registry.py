@@ -67,8 +67,13 @@ KINDS = {
 
 
 @pytest.fixture
-def no_entry_points():
-  """This test's registries see only the built-ins (an installed plug-in would add names)."""
+def no_entry_points(monkeypatch):
+  """This test's registries see only the built-ins: no installed plug-in, and none of the
+  environment aliases an earlier test in this process registered by building its pipeline
+  (`envs.register_aliases`; they come back after the test)."""
+  for alias in [name for name in envs._REGISTRY if name not in envs._BUILTIN_NAMES]:
+    monkeypatch.delitem(envs._REGISTRY, alias)
+    monkeypatch.delitem(envs.ENVIRONMENTS.resolved, alias, raising=False)
   plugins.refresh()
   for group in plugins.GROUPS.values():
     assert not plugins.entry_points(group), f"a plug-in of {group} is installed"
