@@ -30,10 +30,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # `tests.learning_envs` (Signpost)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # `tests.helpers.learning_envs` (Signpost)
 
 from benchmarks import common  # noqa: E402
-from rised_jax import runlog, stats, trainer  # noqa: E402
+from rised_jax import envs, runlog, stats, trainer  # noqa: E402
 from rised_jax.model import tiny  # noqa: E402
 
 
@@ -46,6 +46,7 @@ def load(spec: str, seed: int, async_rollouts: bool, args: argparse.Namespace, w
   if args.steps:
     config.train.steps = args.steps
   if args.tiny_model:
+    envs.register_aliases(config.envs.aliases)   # tiny.write reads the games by name
     config.model.source = str(tiny.write(workdir / "model", list(config.envs.names), seed=seed))
   return config
 

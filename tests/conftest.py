@@ -9,9 +9,8 @@ live in one package, tests/helpers/:
   model_utils.py      tiny random decoders and reference forward passes
   step_fixtures.py    a tiny model, optimizer, step config and batches for the step tests
   step_harness.py     the train step and export on a fixed device/process layout (a subprocess)
-
-and tests/learning_envs.py, the learning test's plug-in game, whose import path is its
-environment name (and so part of every seed of that test: it does not move).
+  learning_envs.py    Signpost, the learning test's plug-in game (the alias `signpost` of
+                      tiny_cpu.py: the alias, not this path, is hashed into that test's seeds)
 
 Every folder under tests/ is a package (an __init__.py), so pytest's default import mode puts
 the repo root on sys.path and names each test module by its path (tests.learn.test_losses):

@@ -14,7 +14,7 @@ out, 13 left to train on. Their winning first moves differ (forward 6, turn righ
 2), so the policy must read the observation; a blind policy (one action sequence for every
 instance) wins at most 6 of the 12. RISED rolls out K = 4B candidate groups, as every RISED
 config (docs/rised.md). "signpost" is the learning test's setting: the
-plug-in game tests.learning_envs:Signpost (one move, named by the observation in words, which
+plug-in game `signpost` (tests/helpers/learning_envs.py; one move, named by the observation in words, which
 is all there is to the game; 64 of its 256 instances held out, the best constant move wins
 about a third of them). "smoke" holds out 4 FrozenLake maps and 4 of the 24 situations of its
 2x2 mazes.
@@ -37,10 +37,13 @@ def get_config(arg: str | None = None):
   c.rollout.prompt_buckets = [256, 512, 1024]
   c.rollout.new_token_buckets = [8, 32]
   if args.setting == "signpost":
-    # One move, named by the observation in words (tests/learning_envs.py): the learning
+    # One move, named by the observation in words (tests/helpers/learning_envs.py): the learning
     # test's setting. 256 instances (move, colour, shape); 64 held out.
     # G = 16: with G = 8 (150 steps) the greedy policy read only part of the sign.
-    c.envs.names = ["tests.learning_envs:Signpost"]
+    # Under a short name: the name, not the module path, is hashed into the task stream and
+    # the sampling seeds, so the game's module can move without redrawing the test's seeds.
+    c.envs.aliases.signpost = "tests.helpers.learning_envs:Signpost"
+    c.envs.names = ["signpost"]
     c.rollout.group_size = 16
     c.rollout.max_new_tokens_per_turn = 1
     c.rollout.max_total_tokens = 384

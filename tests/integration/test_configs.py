@@ -106,7 +106,7 @@ DOCUMENTED = [
     ("tiny_cpu.py", "rised,easy", {"envs.names": ["maze"], "train.steps": 60,
                                    "eval.episodes_per_env": 12}),
     ("tiny_cpu.py", "grpo,setting=easy", {"algorithm": "grpo", "envs.names": ["maze"]}),
-    ("tiny_cpu.py", "grpo,signpost", {"envs.names": ["tests.learning_envs:Signpost"],
+    ("tiny_cpu.py", "grpo,signpost", {"envs.names": ["signpost"],
                                       "rollout.group_size": 16, "train.steps": 100}),
     ("rised_qwen3_multienv.py", None, {
         "algorithm": "rised", "model.source": "checkpoints/Qwen3-4B", "rollout.engine": "sglang",

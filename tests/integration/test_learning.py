@@ -1,6 +1,7 @@
 """Learning: training must make the policy read the observation.
 
-The setting (`tiny_cpu.py:grpo,signpost`, the plug-in game `tests.learning_envs:Signpost`)
+The setting (`tiny_cpu.py:grpo,signpost`, the plug-in game `signpost`, an alias of
+`tests.helpers.learning_envs:Signpost`)
 has held-out instances that need different winning moves, so a policy that ignores the
 observation — at best one fixed sequence of actions, whatever the instance — wins only the
 share of instances that sequence solves. That share is computed exactly here by playing every
@@ -20,10 +21,18 @@ import scipy.stats
 from rised_jax import envs, evaluate, trainer
 from rised_jax.learn import batching
 from rised_jax.model import tiny
-from tests import learning_envs
+from tests.helpers import learning_envs
 from tests.helpers.run_fixtures import TINY_CONFIG as CONFIG, load_config_file
 
 SETTING = "grpo,signpost"
+
+
+def _signpost_config():
+  """The learning setting, with its `signpost` alias registered (a run registers its aliases
+  when it builds its pipeline; the held-out tasks and the tiny model are made before that)."""
+  config = load_config_file(CONFIG, SETTING)
+  envs.register_aliases(config.envs.aliases)
+  return config
 
 
 def best_blind_pass_rate(tasks) -> tuple[float, tuple[str, ...]]:
@@ -61,7 +70,7 @@ def _held_out(config):
 def test_signpost_blind_baseline_is_the_commonest_winning_move():
   """On Signpost the instance key names the winning move, so the best blind policy's pass rate
   is the commonest move's share of the held-out instances, counted from the keys alone."""
-  config = load_config_file(CONFIG, SETTING)
+  config = _signpost_config()
   held_out = _held_out(config)
   keys = [envs.instance_key(t.env, t.seed, t.difficulty) for t in held_out]
   assert len(set(keys)) == len(keys)
@@ -87,7 +96,7 @@ def test_grpo_steps_on_one_batch_make_the_reply_depend_on_the_sign(tmp_path):
   for the others. Every reply gets +0.75 in one context and -0.25 in three, so a policy whose
   prompt lost the observation would see these gradients cancel exactly; the contrast
   log p(sign's move) - mean log p(other moves), averaged over signs, must instead grow."""
-  config = load_config_file(CONFIG, SETTING)
+  config = _signpost_config()
   config.model.source = str(tiny.write(tmp_path / "model", config.envs.names))
   config.step.behaviour_weight = False   # hand-built rows carry no sampler log-probs
   run = trainer.build(config, tmp_path / "run")
@@ -114,7 +123,7 @@ def test_grpo_steps_on_one_batch_make_the_reply_depend_on_the_sign(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_training_beats_every_policy_that_ignores_the_observation(tmp_path, seed):
-  config = load_config_file(CONFIG, SETTING)
+  config = _signpost_config()
   config.seed = seed
   (env_name,) = config.envs.names
   # The environment's words only: the seed streams were chosen on that model (4 of 7 pass), and

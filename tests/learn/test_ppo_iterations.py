@@ -186,7 +186,7 @@ def test_the_tiny_dapo_preset_clips(tmp_path):
   is the learning test's (environment words only: dapo shows it no rubric text); with the
   rubric words the first step's rollouts happen to win nothing, so there is nothing to clip."""
   config = tiny_config("dapo,signpost", tiny.write(tmp_path / "model",
-                                                   ["tests.learning_envs:Signpost"],
+                                                   ["tests.helpers.learning_envs:Signpost"],
                                                    rubric=False),
                        **{"train.steps": 1, "select.pool_groups": 8, "select.batch_groups": 4,
                           "eval.episodes_per_env": 8})

@@ -1,10 +1,9 @@
-"""Environments for the learning test (tests/integration/test_learning.py), plugged in by import
-path ("tests.learning_envs:Signpost") through the public protocol (`rised_jax.envs.base`).
+"""Environments for the learning test (tests/integration/test_learning.py), plugged in through
+the public protocol (`rised_jax.envs.base`) under the alias `signpost` (tiny_cpu.py:signpost).
 
-It stays at tests/ top level, not in tests/helpers/: its import path is the environment's name,
-which the training task stream and the sampling seeds hash, so moving it changes every seed of
-the learning test (with tests.helpers.learning_envs:Signpost, seed 0 ended at 25/64 instead of
-64/64: the 100-step result depends on the seed stream; docs/performance.md, "The main job").
+The task stream and the sampling seeds hash the environment's name; under the alias that name
+is "signpost", not this module's path, so the module can move without redrawing the test's
+seed streams (under its earlier name `tests.learning_envs:Signpost` the streams differed).
 
 Signpost is the simplest game a policy can only win by reading its observation: one turn, the
 observation names the winning move in words, and two painted details vary besides it, so
