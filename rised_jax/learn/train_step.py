@@ -216,6 +216,10 @@ class OptimizerConfig:
   max_grad_norm: float | None = 1.0
 
   def __post_init__(self):
+    self.check()
+
+  def check(self) -> None:
+    """The `config.optim` values (`config.optimizer_config` names the section)."""
     check_field_types(self)
     if self.schedule not in SCHEDULES:
       raise ValueError(f"schedule {self.schedule!r}: expected one of {SCHEDULES}")
