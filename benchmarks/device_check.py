@@ -100,13 +100,15 @@ def train_step(shape: dict[str, Any], device) -> dict[str, Any]:
   import jax.numpy as jnp  # noqa: PLC0415
   from benchmarks import common  # noqa: PLC0415
   from benchmarks import train_step as bench  # noqa: PLC0415
-  from rised_jax.learn import train_step as step_lib  # noqa: PLC0415
+  from rised_jax.learn import loss_terms, train_step as step_lib  # noqa: PLC0415
 
   cfg = common.model_config(shape["model"])
   matmul = common.measure_matmul_rate(shape["matmul"], min_seconds=1.0, dtype=jnp.bfloat16)
   batch = bench.grpo_batch(cfg.vocab_size, shape["rows"], shape["prompt"], shape["response"],
                            teacher=True)
-  config = step_lib.StepConfig(beta=0.05, chunk=shape["chunk"], importance_cap=2.0)
+  config = step_lib.StepConfig(teacher_kl=loss_terms.TeacherKLConfig(beta=0.05),
+                               policy_gradient=loss_terms.PolicyGradientConfig(
+                                   importance_cap=2.0), chunk=shape["chunk"])
   optimizer = step_lib.OptimizerConfig(learning_rate=1e-6)
   result = bench.bench_step(cfg, config, optimizer, batch, warmup=shape["warmup"],
                             iters=shape["iters"], matmul=matmul, dtype="bfloat16",

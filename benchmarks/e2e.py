@@ -124,8 +124,7 @@ def even_fraction(ids: Sequence[int]) -> float:
 
 def run_ours_common(args: argparse.Namespace) -> dict[str, Any]:
   cfg = common.model_config(PRESET)
-  config = step_lib.StepConfig(aggregation="seq-mean-token-mean", eps_low=0.2, eps_high=0.2,
-                               importance_cap=None, beta=0.0, chunk=args.chunk)
+  config = vs_tunix.grpo_step_config(args.chunk)
   trainable, state = step_lib.create(from_config(cfg, 0), step_lib.make_optimizer(
       vs_tunix.OPTIMIZER), config, parallel.make_mesh())
   rows = args.prompts * args.group_size
@@ -211,7 +210,7 @@ def run_ours_agentic(args: argparse.Namespace, tokenizer,
   engine = trainer._engine(config, trainable.model(state), tokenizer)  # noqa: SLF001 - the job's
   pipeline = pipelines.make_pipeline(config, engine, tokenizer)
   throughput = flops.Throughput.for_devices(
-      model.cfg, config.model.compute_dtype, ref_kl=trainable.config.ref_kl_coef > 0,
+      model.cfg, config.model.compute_dtype, ref_kl=trainable.config.needs_ref_params,
       num_iterations=trainable.config.num_iterations,
       old_policy_pass=trainable.config.fixed_per_batch)
   run = trainer.Run(config=config, tokenizer=tokenizer, trainable=trainable, state=state,
@@ -238,7 +237,7 @@ def run_ours_agentic(args: argparse.Namespace, tokenizer,
       used = used | (np.asarray(batch["distill_mask"]) > 0)
     rows, seq_len = np.shape(batch["input_ids"])
     head_tflops = flops.train_step_flops(
-        model.cfg, rows, seq_len, flops.batch_forwards(batch, trainable.config.ref_kl_coef > 0),
+        model.cfg, rows, seq_len, flops.batch_forwards(batch, trainable.config.needs_ref_params),
         head_positions=int(used[:, 1:].sum()))["total"] / 1e12
     timer("sync", lambda: trainer.sync_weights(run, step + 1))
     pipeline.observe(record)

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common  # noqa: E402
 from benchmarks.train_step import grpo_batch  # noqa: E402
 from rised_jax import parallel  # noqa: E402
-from rised_jax.learn import train_step as step_lib  # noqa: E402
+from rised_jax.learn import loss_terms, train_step as step_lib  # noqa: E402
 from rised_jax.model import ModelConfig, from_config, hf_io  # noqa: E402
 
 TINY_PRESET = "qwen3-2l-d128"
@@ -103,8 +103,9 @@ def compare(cfg: ModelConfig, step_config: step_lib.StepConfig,
 
 def depth_sweep(args: argparse.Namespace) -> dict[str, Any]:
   base = common.MODEL_PRESETS[TINY_PRESET]
-  step_config = step_lib.StepConfig(aggregation="seq-mean-token-mean", eps_low=0.2,
-                                    eps_high=0.2, importance_cap=2.0, chunk=args.chunk)
+  step_config = step_lib.StepConfig(policy_gradient=loss_terms.PolicyGradientConfig(
+      aggregation="seq-mean-token-mean", eps_low=0.2, eps_high=0.2, importance_cap=2.0),
+      chunk=args.chunk)
   optimizer = step_lib.OptimizerConfig(learning_rate=1e-6)
   batch = grpo_batch(base["vocab_size"], args.batch, args.prompt_len, args.response_len,
                      seed=0)
@@ -146,7 +147,7 @@ def main_job(_: argparse.Namespace) -> dict[str, Any]:
                    label="main job step")
   return {"model": MAIN_JOB_PRESET, "config_file": str(MAIN_JOB_CONFIG.relative_to(
               common.REPO_ROOT)),
-          "step_config": {"beta": step_config.beta, "teacher": step_config.teacher,
+          "step_config": {"beta": step_config.teacher_kl.beta, "teacher": step_config.teacher,
                           "micro_batches": step_config.micro_batches,
                           "chunk": step_config.chunk},
           "batch": {"rows": MAIN_JOB_ROWS, "columns": MAIN_JOB_PROMPT + MAIN_JOB_RESPONSE},

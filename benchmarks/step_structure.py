@@ -34,8 +34,7 @@ def count_ops() -> dict[str, Any]:
   from rised_jax.model import from_config  # noqa: PLC0415
   cfg = common.model_config("qwen3-2l-d128")
   batch = bench.grpo_batch(cfg.vocab_size, 8, 64, 192, seed=0, behaviour=False)
-  config = step_lib.StepConfig(aggregation="seq-mean-token-mean", eps_low=0.2, eps_high=0.2,
-                               importance_cap=None, beta=0.0, chunk=256)
+  config = vs_tunix.grpo_step_config(256)
   trainable, state = step_lib.create(from_config(cfg, 0),
                                      step_lib.make_optimizer(vs_tunix.OPTIMIZER), config,
                                      parallel.make_mesh())

@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from rised_jax import parallel  # noqa: E402
-from rised_jax.learn import train_step as step_lib  # noqa: E402
+from rised_jax.learn import loss_terms, train_step as step_lib  # noqa: E402
 from rised_jax.model import ModelConfig, from_config  # noqa: E402
 
 PAD_ID = 0
@@ -131,9 +131,9 @@ def bench_step(cfg: ModelConfig, config: step_lib.StepConfig,
   median = timing.median_s
   achieved = flops["total"] / median
   return {
-      "step_config": {"beta": config.beta, "chunk": config.chunk,
-                      "aggregation": config.aggregation,
-                      "importance_cap": config.importance_cap,
+      "step_config": {"beta": config.teacher_kl.beta, "chunk": config.chunk,
+                      "aggregation": config.policy_gradient.aggregation,
+                      "importance_cap": config.policy_gradient.importance_cap,
                       "behaviour_logprobs": "behaviour_logprobs" in batch},
       "compile_s": compile_s,
       "step": timing.as_dict(),
@@ -157,9 +157,11 @@ def bench_model(preset: str, args: argparse.Namespace) -> dict[str, Any]:
   cfg = common.model_config(preset)
   rows = args.batch or DEFAULT_ROWS.get(preset, 8)
   optimizer = step_lib.OptimizerConfig(learning_rate=args.lr)
-  grpo = step_lib.StepConfig(aggregation="seq-mean-token-mean", eps_low=0.2, eps_high=0.2,
-                             importance_cap=2.0, chunk=args.chunk)
-  fused = dataclasses.replace(grpo, beta=args.beta, divergence="forward-kl", teacher="live")
+  grpo = step_lib.StepConfig(policy_gradient=loss_terms.PolicyGradientConfig(
+      aggregation="seq-mean-token-mean", eps_low=0.2, eps_high=0.2, importance_cap=2.0),
+      chunk=args.chunk)
+  fused = dataclasses.replace(grpo, teacher="live", teacher_kl=loss_terms.TeacherKLConfig(
+      beta=args.beta, divergence="forward-kl"))
   batch = grpo_batch(cfg.vocab_size, rows, args.prompt_len, args.response_len, seed=args.seed,
                      teacher=True)
   cases = {}

@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from benchmarks import train_step as train_step_bench  # noqa: E402
-from rised_jax.learn import train_step as step_lib  # noqa: E402
+from rised_jax.learn import loss_terms, train_step as step_lib  # noqa: E402
 
 TUNIX_SPEC = "google-tunix==0.1.7"
 DEFAULT_VENV = common.REPO_ROOT / ".venv-tunix"
@@ -55,6 +55,13 @@ SPEEDUP_TARGET = 1.5
 # The driver's optimizer, optax.adamw(1e-4), with optax's defaults written out.
 OPTIMIZER = step_lib.OptimizerConfig(learning_rate=1e-4, b1=0.9, b2=0.999, eps=1e-8,
                                      weight_decay=1e-4, max_grad_norm=None)
+
+
+def grpo_step_config(chunk: int) -> step_lib.StepConfig:
+  """The driver's loss: GRPO, clip 0.2 both sides, no behaviour weight cap, no teacher."""
+  return step_lib.StepConfig(policy_gradient=loss_terms.PolicyGradientConfig(
+      aggregation="seq-mean-token-mean", eps_low=0.2, eps_high=0.2, importance_cap=None),
+      teacher_kl=loss_terms.TeacherKLConfig(beta=0.0), chunk=chunk)
 
 
 def venv_python(venv: Path) -> Path:
@@ -113,8 +120,7 @@ def run_ours(preset: str, args: argparse.Namespace, matmul: dict[str, float]) ->
   cfg = common.model_config(preset)
   batch = train_step_bench.grpo_batch(cfg.vocab_size, args.batch, args.prompt_len,
                                       args.response_len, seed=0, behaviour=False)
-  config = step_lib.StepConfig(aggregation="seq-mean-token-mean", eps_low=0.2, eps_high=0.2,
-                               importance_cap=None, beta=0.0, chunk=args.chunk)
+  config = grpo_step_config(args.chunk)
   return train_step_bench.bench_step(cfg, config, OPTIMIZER, batch, warmup=args.warmup,
                                      iters=args.iters, matmul=matmul)
 

@@ -147,7 +147,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.guidance.options = ml_collections.ConfigDict(dict(rate=0.1, threshold=0.3, top_m=2))
 
   c.step = ml_collections.ConfigDict({
-      k: v for k, v in train_step.StepConfig(beta=0.05).as_keys().items()
+      k: v for k, v in train_step.StepConfig.from_keys({"beta": 0.05}).as_keys().items()
       if k not in STEP_KEYS_IN_TRAIN})
   c.optim = ml_collections.ConfigDict(dataclasses.asdict(train_step.OptimizerConfig()))
   c.batching = ml_collections.ConfigDict(dict(prefix_multiple=64, response_multiple=128,
@@ -354,10 +354,12 @@ STEP_KEYS_IN_TRAIN = ("num_iterations", "mini_batches")
 
 
 def step_config(config: ml_collections.ConfigDict) -> train_step.StepConfig:
-  """`config.step` keys (and the schedule's under `config.train`) as the typed step config:
-  each key goes to the loss term's config that owns it (`train_step.KEY_OWNERS`)."""
-  cfg = _typed(train_step.StepConfig, config.step, "config.step",
-               known=set(train_step.KEY_OWNERS))
+  """`config.step` keys (and the schedule's under `config.train`) as the typed step config
+  (`train_step.StepConfig.from_keys`: each key goes to the config that owns it)."""
+  try:
+    cfg = train_step.StepConfig.from_keys(config.step.to_dict())
+  except (TypeError, ValueError) as e:
+    raise ValueError(prefixed("config.step", str(e))) from e
   schedule = {k: config.train[k] for k in STEP_KEYS_IN_TRAIN}
   try:
     return dataclasses.replace(cfg, **schedule)
@@ -370,9 +372,9 @@ def optimizer_config(config: ml_collections.ConfigDict) -> train_step.OptimizerC
   return dataclasses.replace(cfg, total_steps=max(cfg.total_steps, config.train.steps))
 
 
-def _typed(cls, node: ml_collections.ConfigDict, where: str, known: set[str] | None = None):
-  """cls(**node) with errors that name `where`; `known`: the keys it takes (its fields)."""
-  known = known or {f.name for f in dataclasses.fields(cls)}
+def _typed(cls, node: ml_collections.ConfigDict, where: str):
+  """cls(**node) with errors that name `where`."""
+  known = {f.name for f in dataclasses.fields(cls)}
   unknown = sorted(set(node.keys()) - known)
   if unknown:
     raise ValueError(f"{where} has unknown keys {unknown}; known: {sorted(known)}")
@@ -539,7 +541,7 @@ def _check_behaviour_sampling(config: ml_collections.ConfigDict, step) -> None:
   temperature other than 1 or top-p/top-k truncation the in-process engine reports the
   untempered, untruncated log-probs and SGLang the tempered ones, so the weight's behaviour
   policy would depend on the engine: refused (before the model loads)."""
-  if not step.behaviour_weight:
+  if not step.policy_gradient.behaviour_weight:
     return
   changed = [f"config.rollout.{key}={config.rollout[key]!r}"
              for key, plain in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0))

@@ -307,7 +307,7 @@ def _build(config: ml_collections.ConfigDict, workdir: epath.Path) -> Run:
   engine = _engine(config, trainable.compute_model(state, copy=config.rollout.async_rollouts),
                    tokenizer)
   throughput = flops.Throughput.for_devices(
-      model.cfg, config.model.compute_dtype, ref_kl=trainable.config.ref_kl_coef > 0,
+      model.cfg, config.model.compute_dtype, ref_kl=trainable.config.needs_ref_params,
       peak_flops_per_s=config.train.peak_flops_per_s,
       num_iterations=trainable.config.num_iterations,
       old_policy_pass=trainable.config.fixed_per_batch)
@@ -344,7 +344,7 @@ def assemble(run: Run, rows: list[batching.Row]):
   return batching.assemble(
       rows, pad_id=run.tokenizer.pad_token_id,
       num_rows=run.config.select.batch_groups * run.config.rollout.group_size,
-      with_distill=step_config.distills, with_counterfactual=step_config.counterfactual,
+      with_distill=step_config.distills, with_counterfactual=step_config.flips.counterfactual,
       **run.config.batching.to_dict())
 
 

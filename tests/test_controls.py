@@ -113,7 +113,7 @@ def test_presets_rollouts_per_step(preset, pool, batch):
 
 def test_control_presets_set_their_stage():
   def step(preset):
-    return config_lib.step_config(load_config_file(CONFIG, preset))
+    return config_lib.step_config(load_config_file(CONFIG, preset)).policy_gradient
   assert step("rised_hint_no_iw").behaviour_weight is False
   assert step("rised").behaviour_weight is True
   assert load_config_file(CONFIG, "rised_generic_teacher").teacher.options.context == "generic"

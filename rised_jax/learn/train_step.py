@@ -59,15 +59,15 @@ TERM_CONFIGS: Mapping[str, type] = {
 }
 
 
-@dataclasses.dataclass(frozen=True, init=False)
+@dataclasses.dataclass(frozen=True)
 class StepConfig:
   """Static settings of the step (hashable: the step is compiled for one of these).
 
   One small frozen config per loss term (`loss_terms.TERMS`) and one for CriPO's flips, each
-  owning its `config.step` keys and their checks, plus the step's own settings below. Built
-  from the flat keys, `StepConfig(beta=0.05, eps_high=0.28)`, each routed to the config that owns
-  it (`KEY_OWNERS`; term configs may be passed whole by their field name, and keys then replace
-  theirs); reading a key, `config.beta`, reads its owner's; `as_keys()` gives the flat keys back.
+  owning its `config.step` keys and their checks, plus the step's own settings below; a
+  setting is read from its owner (`step.teacher_kl.beta`). `from_keys` builds one from the flat
+  `config.step` keys (the one place that knows which config owns which key, `KEY_OWNERS`) and
+  `as_keys` gives them back.
   """
 
   policy_gradient: loss_terms.PolicyGradientConfig = dataclasses.field(
@@ -93,23 +93,14 @@ class StepConfig:
   chunk: int = 256
   micro_batches: int = 1
 
-  def __init__(self, **settings: Any):
-    fields = {f.name: f for f in dataclasses.fields(self)}
-    unknown = sorted(set(settings) - set(KEY_OWNERS) - set(TERM_CONFIGS))
-    if unknown:
-      raise TypeError(f"StepConfig got unknown keys {unknown}; known: {sorted(KEY_OWNERS)}")
-    for name, field in fields.items():
-      if name in TERM_CONFIGS:
-        keys = {k: v for k, v in settings.items() if KEY_OWNERS.get(k) == name}
-        given = settings.get(name)
-        value = (TERM_CONFIGS[name](**keys) if given is None
-                 else dataclasses.replace(given, **keys))
-      else:
-        value = settings.get(name, field.default)
-      object.__setattr__(self, name, value)
-    self.__post_init__()
-
   def __post_init__(self):
+    self.check()
+
+  def check(self) -> None:
+    """The step's own settings (each term config checked its own when it was built)."""
+    for name, cls in TERM_CONFIGS.items():
+      if not isinstance(getattr(self, name), cls):
+        raise TypeError(f"StepConfig.{name}={getattr(self, name)!r}: expected a {cls.__name__}")
     check_field_types(self)
     if self.teacher not in TEACHERS:
       raise ValueError(f"teacher {self.teacher!r}: expected one of {TEACHERS}")
@@ -121,16 +112,25 @@ class StepConfig:
                        f"num_iterations ({self.num_iterations}) and mini_batches "
                        f"({self.mini_batches}) must be >= 1")
 
-  def __getattr__(self, key: str) -> Any:
-    """A `config.step` key a term config owns (called only for names that are no field)."""
-    owner = KEY_OWNERS.get(key)
-    if owner is None or owner not in TERM_CONFIGS:
-      raise AttributeError(f"StepConfig has no attribute or key {key!r}")
-    return getattr(getattr(self, owner), key)
+  @classmethod
+  def from_keys(cls, keys: Mapping[str, Any]) -> StepConfig:
+    """The step config of the flat `config.step` keys (and `config.train`'s num_iterations and
+    mini_batches): each key goes to the config that owns it (`KEY_OWNERS`); a key not given
+    keeps its default. An unknown key is a TypeError naming it."""
+    unknown = sorted(set(keys) - set(KEY_OWNERS))
+    if unknown:
+      raise TypeError(f"unknown step keys {unknown}; known: {sorted(KEY_OWNERS)}")
+    owned: dict[str, dict[str, Any]] = {name: {} for name in TERM_CONFIGS}
+    own = {}
+    for key, value in keys.items():
+      (owned[KEY_OWNERS[key]] if KEY_OWNERS[key] in TERM_CONFIGS else own)[key] = value
+    return cls(**{name: TERM_CONFIGS[name](**settings) for name, settings in owned.items()},
+               **own)
 
   def as_keys(self) -> dict[str, Any]:
-    """The flat `config.step` keys and their values (`KEY_OWNERS` order)."""
-    return {key: getattr(self, key) for key in KEY_OWNERS}
+    """The flat `config.step` keys and their values (`KEY_OWNERS` order): `from_keys`'s inverse."""
+    return {key: getattr(self if owner == key else getattr(self, owner), key)
+            for key, owner in KEY_OWNERS.items()}
 
   def active_terms(self) -> dict[str, tuple[loss_terms.LossTerm, Any]]:
     """The loss terms switched on, in `loss_terms.TERMS` order: name → (term, its config)."""
@@ -160,7 +160,7 @@ class StepConfig:
 
   @property
   def needs_teacher_params(self) -> bool:
-    return (self.distills or self.counterfactual) and self.teacher != "live"
+    return (self.distills or self.flips.active()) and self.teacher != "live"
 
   @property
   def needs_ref_params(self) -> bool:
@@ -170,14 +170,14 @@ class StepConfig:
     keys = ["input_ids", "attention_mask", "loss_mask", "advantages"]
     if self.distills:
       keys += ["teacher_input_ids", "teacher_attention_mask", "distill_mask"]
-    if self.counterfactual:
+    if self.flips.active():
       keys += ["cf_teacher_input_ids", "cf_teacher_attention_mask", "cf_mask"]
     return tuple(keys)
 
 
-# The one boundary between the flat `config.step` keys and the typed configs: each key → the
-# `StepConfig` field that owns it (a term config's field name, or the key itself for the step's
-# own settings).
+# Each flat `config.step` key → the `StepConfig` field that owns it (a term config's field name,
+# or the key itself for the step's own settings); read by `StepConfig.from_keys` and `as_keys`
+# only, the boundary between the flat keys and the typed configs.
 KEY_OWNERS: Mapping[str, str] = {
     **{f.name: name for name, cls in TERM_CONFIGS.items() for f in dataclasses.fields(cls)},
     **{f.name: f.name for f in dataclasses.fields(StepConfig) if f.name not in TERM_CONFIGS},
@@ -216,6 +216,10 @@ class OptimizerConfig:
   max_grad_norm: float | None = 1.0
 
   def __post_init__(self):
+    self.check()
+
+  def check(self) -> None:
+    """The `config.optim` values (`config.optimizer_config` names the section)."""
     check_field_types(self)
     if self.schedule not in SCHEDULES:
       raise ValueError(f"schedule {self.schedule!r}: expected one of {SCHEDULES}")
@@ -341,7 +345,7 @@ def old_policy_pass(params, rest, teacher_params, graphdef, config: StepConfig,
   def one(mb):
     model = nnx.merge(graphdef, frozen, rest)
     teacher = None
-    if config.distills or config.counterfactual:
+    if config.distills or config.flips.counterfactual:
       teacher = _teacher_model(frozen, teacher_params, graphdef, rest)
     stats = _distill_token_stats(model, teacher, config, mb, with_teacher=config.kept_pre_pass)
     out = {}
@@ -350,7 +354,7 @@ def old_policy_pass(params, rest, teacher_params, graphdef, config: StepConfig,
                                                 mb["distill_mask"].astype(jnp.float32))
     if config.fixed_per_batch:
       out["old_logprobs"] = stats.logprob
-      if config.counterfactual:
+      if config.flips.counterfactual:
         out["advantages"], out["flipped"] = _counterfactual_flips(
             teacher, config, mb, stats.logprob, mb["advantages"].astype(jnp.float32))
     return out
@@ -383,13 +387,13 @@ def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig,
   model = nnx.merge(graphdef, params, rest)
   loss_mask = mb["loss_mask"].astype(jnp.float32)
   teacher_model = None
-  if config.distills or config.counterfactual:
+  if config.distills or config.flips.counterfactual:
     teacher_model = _teacher_model(params, teacher_params, graphdef, rest)
   stats = _distill_token_stats(model, teacher_model, config, mb)
 
   advantages = mb["advantages"].astype(jnp.float32)
   metrics: dict[str, Array] = {}
-  if config.counterfactual:
+  if config.flips.counterfactual:
     if config.fixed_per_batch:   # flipped once per batch by `old_policy_pass`
       flipped = mb["flipped"]
     else:
@@ -532,7 +536,7 @@ def make_step_fn(graphdef, rest, optimizer: optax.GradientTransformation,
       metrics["rollout/logprob_diff"] = losses.mean_from_parts(
           metric_sums["logprob_diff"], metric_sums["logprob_diff_tokens"])
       metrics["rollout/logprob_diff_tokens"] = metric_sums["logprob_diff_tokens"]
-    if config.counterfactual:
+    if config.flips.counterfactual:
       metrics.update(loss_terms.counterfactual_metrics(config.flips, metric_sums, batch))
 
     # A non-finite loss or gradient (or an update that overflows the parameters) applies

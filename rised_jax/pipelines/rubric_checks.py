@@ -46,13 +46,13 @@ def check_config(config) -> None:
                      "them)")
   step = config_lib.step_config(config)
   if rc.uc_branch != step.distills:
-    raise ValueError(f"config.rubric.uc_branch={rc.uc_branch} but config.step.beta={step.beta}: "
+    raise ValueError(f"config.rubric.uc_branch={rc.uc_branch} but config.step.beta={step.teacher_kl.beta}: "
                      "the injection teacher is the only distillation of the rubric pipeline, so "
                      "the UC branch needs beta > 0 and beta must be 0 without it (use the presets "
                      "cripo, cripo_u, cripo_s, grpo_rubric)")
-  if rc.sc_branch != step.counterfactual:
+  if rc.sc_branch != step.flips.counterfactual:
     raise ValueError(f"config.rubric.sc_branch={rc.sc_branch} but config.step.counterfactual="
-                     f"{step.counterfactual}: the SC branch and the step's counterfactual flips go "
+                     f"{step.flips.counterfactual}: the SC branch and the step's counterfactual flips go "
                      "together (use the presets cripo, cripo_u, cripo_s, grpo_rubric)")
   group_config = config_lib.cripo_group_config(config)
   task_set = load_task_set(rc.tasks)

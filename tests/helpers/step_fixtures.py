@@ -37,7 +37,7 @@ def optimizer() -> optax.GradientTransformation:
 def step_config(**overrides) -> train_step.StepConfig:
   base = dict(beta=0.1, chunk=8, aggregation="seq-mean-token-mean", importance_cap=2.0)
   base.update(overrides)
-  return train_step.StepConfig(**base)
+  return train_step.StepConfig.from_keys(base)
 
 
 def rows(index: int, num_rows: int = ROWS, teacher: bool = True) -> list[batching.Row]:

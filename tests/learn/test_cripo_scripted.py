@@ -96,7 +96,7 @@ def config(**overrides):
               localize_edge_frac=0.01, distill_norm="kept-tokens", counterfactual=True,
               flip_alpha=0.1, flip_tau=0.1, micro_batches=2)
   base.update(overrides)
-  return train_step.StepConfig(**base)
+  return train_step.StepConfig.from_keys(base)
 
 
 def batch():

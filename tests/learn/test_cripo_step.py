@@ -70,7 +70,7 @@ def step_config(**overrides) -> train_step.StepConfig:
               localize_edge_frac=EDGE, distill_norm="kept-tokens", counterfactual=True,
               flip_alpha=ALPHA, flip_tau=TAU, importance_cap=CAP)
   base.update(overrides)
-  return train_step.StepConfig(**base)
+  return train_step.StepConfig.from_keys(base)
 
 
 def assemble(rows):
@@ -309,7 +309,9 @@ def test_pre_pass_runs_only_when_needed():
   assert step_config(micro_batches=2).kept_pre_pass
   assert not step_config(micro_batches=1).kept_pre_pass
   assert not step_config(micro_batches=2, distill_norm="distill-tokens").kept_pre_pass
-  assert not dataclasses.replace(step_config(micro_batches=2), localize=False).kept_pre_pass
+  localized = step_config(micro_batches=2)
+  assert not dataclasses.replace(localized, teacher_kl=dataclasses.replace(
+      localized.teacher_kl, localize=False)).kept_pre_pass
 
 
 def test_several_iterations_keep_the_old_policys_kept_set_and_flips(reference):

@@ -55,6 +55,6 @@ def test_the_step_loss_does_not_change_with_the_bucket():
     denominators = {"pg": (tokens > 0).sum().astype(jnp.float32),
                     "distill": batch["distill_mask"].sum()}
     return float(train_step._micro_loss(params, rest, None, graphdef, config, batch,
-                                        denominators, jnp.float32(config.beta))[0])
+                                        denominators, jnp.float32(config.teacher_kl.beta))[0])
 
   assert loss(wide) == pytest.approx(loss(plain), rel=1e-5, abs=1e-6)

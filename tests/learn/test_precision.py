@@ -80,7 +80,7 @@ def test_bf16_compute_loss_is_close_to_float32():
     graphdef, params, rest = nnx.split(
         from_config(_cfg(), 0, dtype=dtype, param_dtype="float32"), nnx.Param, ...)
     losses[dtype] = float(jax.jit(lambda p, b: train_step._micro_loss(
-        p, rest, None, graphdef, config, b, denominators, jnp.float32(config.beta))[0])(
+        p, rest, None, graphdef, config, b, denominators, jnp.float32(config.teacher_kl.beta))[0])(
             params, batch))
   np.testing.assert_allclose(losses["bfloat16"], losses["float32"], rtol=1e-2)
   assert losses["bfloat16"] != losses["float32"]

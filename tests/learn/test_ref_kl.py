@@ -106,7 +106,8 @@ def test_reference_kl_trains_and_matches_numpy(trained):
 def test_the_configured_estimator_is_the_one_added_to_the_loss(trained, estimator):
   """Zero advantages make the policy-gradient term exactly 0: the loss is COEF · KL."""
   trainable, state, _ = trained
-  config = dataclasses.replace(trainable.config, ref_kl_estimator=estimator)
+  config = dataclasses.replace(trainable.config, reference_kl=dataclasses.replace(
+      trainable.config.reference_kl, ref_kl_estimator=estimator))
   batch = step_fixtures.batch(2)
   batch["advantages"] = np.zeros_like(batch["advantages"])
   rows = (batch["loss_mask"].sum(-1) > 0).sum()

@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from rised_jax import parallel
-from rised_jax.learn import train_step
+from rised_jax.learn import loss_terms, train_step
 from tests.helpers import step_fixtures
 from tests.helpers.ports import free_port
 
@@ -31,8 +31,11 @@ def _reference_loss(model, batch, config: train_step.StepConfig, beta: float):
   adv = jnp.asarray(batch["advantages"])
   old = jax.lax.stop_gradient(logp)
   ratio = jnp.exp(logp - old)
-  per_token = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - config.eps_low, 1 + config.eps_high) * adv)
-  weight = jnp.minimum(jnp.exp(old - jnp.asarray(batch["behaviour_logprobs"])), config.importance_cap)
+  pg_config = config.policy_gradient
+  per_token = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - pg_config.eps_low,
+                                                 1 + pg_config.eps_high) * adv)
+  weight = jnp.minimum(jnp.exp(old - jnp.asarray(batch["behaviour_logprobs"])),
+                       pg_config.importance_cap)
   per_token = jnp.where(mask > 0, per_token * weight, 0.0)
   tokens = mask.sum(-1)
   seq = jnp.where(tokens > 0, (per_token * mask).sum(-1) / jnp.maximum(tokens, 1), 0.0)
@@ -79,10 +82,10 @@ def test_fused_loss_and_grads_equal_unchunked_reference(sparse):
 
   def fused(p):
     return train_step._micro_loss(p, rest, None, graphdef, config, batch, denominators,
-                                  jnp.float32(config.beta))[0]
+                                  jnp.float32(config.teacher_kl.beta))[0]
 
   def reference(p):
-    return _reference_loss(nnx.merge(graphdef, p, rest), batch, config, config.beta)
+    return _reference_loss(nnx.merge(graphdef, p, rest), batch, config, config.teacher_kl.beta)
 
   loss, grads = jax.value_and_grad(fused)(params)
   ref_loss, ref_grads = jax.value_and_grad(reference)(params)
@@ -182,7 +185,7 @@ def test_missing_batch_key_is_a_clear_error():
 
 def test_bad_step_config_is_a_clear_error():
   with pytest.raises(ValueError, match="aggregation"):
-    train_step.StepConfig(aggregation="mean")
+    train_step.StepConfig(policy_gradient=loss_terms.PolicyGradientConfig(aggregation="mean"))
 
 
 # ----------------------------------------------------------------------------- subprocesses

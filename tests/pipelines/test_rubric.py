@@ -302,7 +302,8 @@ def test_presets_switch_the_branches(task_file, tokenizer, scripts, cripo_run, p
   assert sum(r.teacher_prefix_ids is not None for r in rows) == (1 if uc else 0)
   assert sum(r.cf_teacher_prefix_ids is not None for r in rows) == (2 if sc else 0)
   step = config_lib.step_config(pipe.config)
-  assert (step.beta > 0, step.localize, step.counterfactual) == (uc, uc, sc)
+  assert (step.teacher_kl.beta > 0, step.teacher_kl.localize, step.flips.counterfactual) == (
+      uc, uc, sc)
   # The group analysis and its diagnostics do not depend on the branches.
   _, _, _, cripo_rows, cripo_metrics = cripo_run
   for key in ("cripo/frac_samples_with_uc", "cripo/frac_samples_with_sc", "cripo/sc_per_sample",
@@ -313,11 +314,12 @@ def test_presets_switch_the_branches(task_file, tokenizer, scripts, cripo_run, p
 
 def test_paper_step_settings_of_the_cripo_preset(task_file):
   step = config_lib.step_config(make_config("cripo", task_file))
-  assert (step.localize, step.clamp, step.distill_norm, step.beta, step.beta_warmup_steps) == (
-      True, 10.0, "kept-tokens", 0.05, 50)
-  assert (step.localize_gamma, step.localize_edge_frac, step.divergence) == (0.95, 0.01,
-                                                                            "forward-kl")
-  assert (step.counterfactual, step.flip_alpha, step.flip_tau) == (True, 0.1, 0.1)
+  distill, flips = step.teacher_kl, step.flips
+  assert (distill.localize, distill.clamp, distill.distill_norm, distill.beta,
+          distill.beta_warmup_steps) == (True, 10.0, "kept-tokens", 0.05, 50)
+  assert (distill.localize_gamma, distill.localize_edge_frac, distill.divergence) == (
+      0.95, 0.01, "forward-kl")
+  assert (flips.counterfactual, flips.flip_alpha, flips.flip_tau) == (True, 0.1, 0.1)
 
 
 def one_step(config, rows, vocab_size, pad_id):
@@ -325,7 +327,7 @@ def one_step(config, rows, vocab_size, pad_id):
   step_config = config_lib.step_config(config)
   batch = batching.assemble(rows, pad_id=pad_id, num_rows=8, prefix_multiple=64,
                             response_multiple=64, with_distill=step_config.distills,
-                            with_counterfactual=step_config.counterfactual)
+                            with_counterfactual=step_config.flips.counterfactual)
   optimizer = train_step.make_optimizer(train_step.OptimizerConfig(learning_rate=1e-4))
   mesh = parallel.make_mesh(parallel.MeshShape())
   trainable, state = train_step.create(from_config(tiny.tiny_config(vocab_size), 0), optimizer,
@@ -471,7 +473,8 @@ def test_paper_configs_validate_without_the_model(name, beta):
     if preset in ("cripo", "cripo_u"):
       # The paper's normaliser under micro-batching: the kept set comes from the pre-pass.
       step = config_lib.step_config(c)
-      assert (step.distill_norm, step.micro_batches, step.kept_pre_pass) == ("kept-tokens", 8, True)
+      assert (step.teacher_kl.distill_norm, step.micro_batches, step.kept_pre_pass) == (
+          "kept-tokens", 8, True)
     assert c.rollout.engine == "sglang" and c.rubric.judge.backend == "openai"
     assert c.rubric.judge.options.model == "Qwen/Qwen3-32B"
     assert not Path(c.model.source).exists()
