@@ -19,7 +19,7 @@ import dataclasses
 import math
 import numbers
 import urllib.parse
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 
 def is_int(value: Any) -> bool:
@@ -75,3 +75,55 @@ def check_field_types(cfg) -> None:
       raise ValueError(f"{field.name}={value!r}: expected a finite number")
     if kind.startswith("int") and not integer:
       raise ValueError(f"{field.name}={value!r}: expected an integer")
+
+
+# ----------------------------------------------------------------------------- value rules
+# A rule is (predicate, what is expected); a stage's typed config keeps the rules of its keys
+# and `check_rules` names each failing one as `config.<section>.<key>=<value>: expected …`.
+Rule = tuple[Callable[[Any], bool], str]
+
+
+def int_at_least(low: int, expected: str | None = None) -> Rule:
+  return (lambda v: is_int(v) and v >= low), expected or f"an integer >= {low}"
+
+
+def number_at_least(low: float, expected: str | None = None) -> Rule:
+  return (lambda v: is_number(v) and v >= low), expected or f"a finite number >= {low}"
+
+
+def positive_ints(min_len: int) -> Rule:
+  """A list of integers >= 1, with at least `min_len` of them."""
+  return ((lambda v: isinstance(v, (list, tuple)) and len(v) >= min_len
+           and all(is_int(x) and x >= 1 for x in v)),
+          "a list of integers >= 1" + (" (at least one)" if min_len else ""))
+
+
+def as_given(value: Any) -> Any:
+  """A value as the config file gave it: a typed config holds its lists as tuples."""
+  return list(value) if isinstance(value, tuple) else value
+
+
+def check_rules(where: str, values: Any, rules: Mapping[str, Rule]) -> None:
+  """Each `rules` key (an attribute of `values`) against its rule; `where` is its config
+  section ("config.rollout")."""
+  for key, (ok, expected) in rules.items():
+    value = getattr(values, key)
+    if not ok(value):
+      raise ValueError(f"{where}.{key}={as_given(value)!r}: expected {expected}")
+
+
+def frozen(value: Any) -> Any:
+  """A ConfigDict value as a typed config holds it: lists as tuples, sub-dicts as plain dicts
+  (anything else as it is, for the check to name)."""
+  if isinstance(value, list):
+    return tuple(value)
+  if hasattr(value, "to_dict"):
+    return value.to_dict()
+  return value
+
+
+def from_section(cls, section: Any, **built: Any):
+  """The frozen dataclass `cls` with each field the ConfigDict `section`'s key of that name
+  (`frozen`); `built`: fields given already built (a nested section's own typed config)."""
+  return cls(**{f.name: built[f.name] if f.name in built else frozen(section[f.name])
+                for f in dataclasses.fields(cls)})

@@ -7,6 +7,7 @@ named algorithm; a command-line `--config.algorithm=NAME` comes after that, so `
 naming the key, the value and what is expected; the stage checks come from the caller
 (`pipelines.validate`), so this module imports no stage. It runs once, in `trainer.build`
 before the model loads (and alone under `--dry_run`). The typed pieces (StepConfig, OptimizerConfig) come from it.
+The other stages' typed configs are built at one boundary, `pipelines.stages.stage_configs`.
 
 Algorithms are configs composing stages, not branches in the trainer:
 
@@ -53,7 +54,7 @@ from typing import Any, Callable, Sequence
 import ml_collections
 
 from rised_jax.learn import cripo, train_step
-from rised_jax.checks import is_int, is_number, prefixed
+from rised_jax.checks import Rule, int_at_least, is_int, number_at_least, positive_ints, prefixed
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -395,9 +396,10 @@ def validate(config: ml_collections.ConfigDict, stage_checks: Sequence[StageChec
              num_devices: int | None = None) -> None:
   """Every check that can fail before loading or compiling anything.
 
-  The config's own checks (keys, value types and ranges, mesh, the typed step and optimiser
-  settings) come first, then each of `stage_checks`: the stages own their keys, and this module
-  imports no stage; `pipelines.validate` passes the named pipeline's `check_config`.
+  The config's own checks (keys, the run-wide keys' values, mesh, the typed step and optimiser
+  settings) come first, then each of `stage_checks`: each stage's typed config owns the checks
+  of its section, and this module imports no stage; `pipelines.validate` passes them
+  (`pipelines.stages`).
   `num_devices` (known once JAX is initialised) also checks that the mesh fits the devices;
   without it only the mesh's own shape is checked (a dry run on another machine).
   """
@@ -407,13 +409,8 @@ def validate(config: ml_collections.ConfigDict, stage_checks: Sequence[StageChec
   _check_known_keys(config, default_config())
   _check_values(config)
   _check_mesh(config, num_devices)
-  _check_behaviour_sampling(config, step_config(config))
+  step_config(config)
   optimizer_config(config)
-  if config.rollout.group_size < 2:
-    raise ValueError(f"config.rollout.group_size={config.rollout.group_size}: group advantages "
-                     "need at least 2 rollouts per task")
-  if config.train.steps < 0 or config.eval.episodes_per_env < 1:
-    raise ValueError("config.train.steps must be >= 0 and config.eval.episodes_per_env >= 1")
   advantages.ADVANTAGES.lookup(config.advantage)
   for key in ("param_dtype", "compute_dtype"):
     if config.model[key] not in MODEL_DTYPES:
@@ -464,66 +461,28 @@ def _check_known_keys(config: ml_collections.ConfigDict, reference: ml_collectio
       _check_known_keys(sub, ref, dotted + ".")
 
 
-def _int_at_least(low: int) -> tuple[Callable[[Any], bool], str]:
-  return (lambda v: is_int(v) and v >= low), f"an integer >= {low}"
-
-
-def _number_at_least(low: float) -> tuple[Callable[[Any], bool], str]:
-  return (lambda v: is_number(v) and v >= low), f"a finite number >= {low}"
-
-
-def _sizes(min_len: int) -> tuple[Callable[[Any], bool], str]:
-  return ((lambda v: isinstance(v, (list, tuple)) and len(v) >= min_len
-           and all(is_int(x) and x >= 1 for x in v)),
-          "a list of integers >= 1" + (" (at least one)" if min_len else ""))
-
-
-# key: (predicate, what is expected)
-VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "seed": _int_at_least(0),
-    "envs.max_turns": (_int_at_least(0)[0], "an integer >= 0 (0: each environment's own)"),
-    "envs.max_abs_reward": ((lambda v: is_number(v) and 0 < v <= 3.4e38),
-                            "a number in (0, 3.4e38] (the largest |step reward| accepted)"),
-    "rollout.temperature": (_number_at_least(0)[0], "a finite number >= 0 (0: greedy)"),
-    "rollout.top_p": ((lambda v: is_number(v) and 0 < v <= 1), "a number in (0, 1]"),
-    "rollout.top_k": (_int_at_least(0)[0], "an integer >= 0 (0: no top-k)"),
-    "rollout.max_new_tokens_per_turn": _int_at_least(1),
-    "rollout.max_total_tokens": _int_at_least(1),
-    "rollout.max_batch": _int_at_least(1),
-    "rollout.decode_chunk": (_int_at_least(0)[0], "an integer >= 0 (0: one decode call per turn)"),
-    "rollout.batch_buckets": _sizes(0),
-    "rollout.prompt_buckets": _sizes(1),
-    "rollout.new_token_buckets": _sizes(1),
-    "rollout.sglang.timeout_s": ((lambda v: is_number(v) and v > 0),
-                                 "a finite number of seconds > 0 (the deadline of one request)"),
-    "rollout.sglang.retries": _int_at_least(0),
-    "rollout.sglang.max_reply_bytes": (_int_at_least(1)[0], "an integer >= 1 (bytes)"),
-    "rollout.sglang.tensor_bucket_bytes": (_int_at_least(1)[0], "an integer >= 1 (bytes)"),
-    "judge.max_new_tokens": _int_at_least(1),
-    "select.pool_groups": _int_at_least(1),
-    "select.batch_groups": _int_at_least(1),
-    "batching.prefix_multiple": _int_at_least(1),
-    "batching.response_multiple": _int_at_least(1),
-    "batching.length_buckets": _sizes(0),
-    "train.steps": _int_at_least(0),
-    "train.eval_every": (_int_at_least(0)[0], "an integer >= 0 (0: only before and after "
-                                              "training)"),
-    "train.checkpoint_every": _int_at_least(1),
-    "train.keep_checkpoints": _int_at_least(1),
-    "train.log_every": _int_at_least(1),
-    "train.max_nonfinite_steps": (_int_at_least(1)[0], "an integer >= 1 (consecutive non-finite "
-                                                       "steps after which the run stops)"),
+# key: (predicate, what is expected). The keys of the run as a whole; each stage's typed config
+# holds the rules of its own section (`pipelines.stages`).
+VALUE_RULES: dict[str, Rule] = {
+    "seed": int_at_least(0),
+    "batching.prefix_multiple": int_at_least(1),
+    "batching.response_multiple": int_at_least(1),
+    "batching.length_buckets": positive_ints(0),
+    "train.steps": int_at_least(0),
+    "train.eval_every": int_at_least(0, "an integer >= 0 (0: only before and after training)"),
+    "train.checkpoint_every": int_at_least(1),
+    "train.keep_checkpoints": int_at_least(1),
+    "train.log_every": int_at_least(1),
+    "train.max_nonfinite_steps": int_at_least(1, "an integer >= 1 (consecutive non-finite "
+                                                 "steps after which the run stops)"),
     "train.wandb": ((lambda v: isinstance(v, bool)), "True or False"),
-    "train.peak_flops_per_s": (_number_at_least(0)[0], "a finite number of FLOP/s >= 0 (0: the "
-                                                       "devices' published or measured peak)"),
+    "train.peak_flops_per_s": number_at_least(0, "a finite number of FLOP/s >= 0 (0: the "
+                                                 "devices' published or measured peak)"),
     "train.compilation_cache": ((lambda v: isinstance(v, str)),
                                 "a string: 'auto', a directory, or '' for no cache"),
     "train.profile_steps": ((lambda v: isinstance(v, (list, tuple)) and (
         len(v) == 0 or (len(v) == 2 and all(is_int(x) and x >= 0 for x in v) and v[0] < v[1]))),
                             "[] or [first, last) with integers 0 <= first < last"),
-    "eval.episodes_per_env": _int_at_least(1),
-    "eval.seed_offset": _int_at_least(0),
-    "eval.temperature": (_number_at_least(0)[0], "a finite number >= 0 (0: greedy)"),
 }
 
 
@@ -534,24 +493,6 @@ def _check_values(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config.{key}={value!r}: expected {expected}")
   if config.algorithm not in PRESETS:
     raise ValueError(f"config.algorithm={config.algorithm!r}: expected one of {sorted(PRESETS)}")
-
-
-def _check_behaviour_sampling(config: ml_collections.ConfigDict, step) -> None:
-  """The behaviour importance weight needs log-probs of the distribution that sampled. With a
-  temperature other than 1 or top-p/top-k truncation the in-process engine reports the
-  untempered, untruncated log-probs and SGLang the tempered ones, so the weight's behaviour
-  policy would depend on the engine: refused (before the model loads)."""
-  if not step.policy_gradient.behaviour_weight:
-    return
-  changed = [f"config.rollout.{key}={config.rollout[key]!r}"
-             for key, plain in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0))
-             if config.rollout[key] != plain]
-  if changed:
-    raise ValueError(
-        f"{', '.join(changed)} with config.step.behaviour_weight=True: the importance weight "
-        "would use the engine's log-probs, untempered in-process and tempered in SGLang; "
-        "expected rollout.temperature=1.0, rollout.top_p=1.0 and rollout.top_k=0, or "
-        "step.behaviour_weight=False (no behaviour correction)")
 
 
 def _check_mesh(config: ml_collections.ConfigDict, num_devices: int | None) -> None:

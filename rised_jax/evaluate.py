@@ -29,6 +29,7 @@ ids a judge set (the pipeline passes its rule-based judge; null without one).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Mapping, Sequence
 
@@ -38,12 +39,38 @@ from rised_jax.rollout.agent_loop import AgentLoop, EnvironmentFailure
 from rised_jax.rollout.env_pool import EnvError
 from rised_jax.stats import wilson_interval
 from rised_jax.types import Group, GroupTags, Task
-from rised_jax.checks import is_int
+from rised_jax.checks import (Rule, check_rules, from_section, int_at_least, is_int,
+                              number_at_least)
 
 log = logging.getLogger(__name__)
 
 # Seeds scanned per requested instance before concluding the instance space is too small.
 SEEDS_PER_INSTANCE = 50
+
+RULES: dict[str, Rule] = {
+    "episodes_per_env": int_at_least(1),
+    "seed_offset": int_at_least(0),
+    "temperature": number_at_least(0, "a finite number >= 0 (0: greedy)"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """config.eval, the evaluation stage's typed config (built at `pipelines.stages`): instances
+  per environment, the held-out seeds' offset, and the sampling (pass@k at a temperature)."""
+
+  episodes_per_env: int
+  seed_offset: int
+  temperature: float
+  pass_at_k: int
+
+  @classmethod
+  def from_config(cls, section: Any) -> EvalConfig:
+    return from_section(cls, section)
+
+  def check(self) -> None:
+    check_rules("config.eval", self, RULES)
+    check_sampling(self.pass_at_k, self.temperature)
 
 
 def eval_instances(env_name: str, difficulty: Mapping[str, Any], episodes: int,

@@ -61,6 +61,9 @@ from flax import nnx
 from rised_jax import checkpoint, config as config_lib, parallel, pipelines, runlog, stats
 from rised_jax import model as model_lib
 from rised_jax.learn import batching, flops, train_step
+from rised_jax.pipelines import stages
+from rised_jax.rollout import engines
+
 
 class NonFiniteTrainingError(RuntimeError):
   """Too many consecutive skipped steps (a non-finite loss or gradient, or an absurd update)."""
@@ -167,24 +170,11 @@ def check_workdir(workdir: epath.Path) -> None:
 
 
 def _engine(config: ml_collections.ConfigDict, model, tokenizer):
-  if config.rollout.engine == "jax":
-    from rised_jax.rollout.jax_engine import JaxEngine  # noqa: PLC0415 - optional stage
-    return JaxEngine(model, max_batch=config.rollout.max_batch, pad_id=tokenizer.pad_token_id,
-                     batch_buckets=tuple(config.rollout.batch_buckets) or None,
-                     prompt_buckets=tuple(config.rollout.prompt_buckets),
-                     max_new_tokens_buckets=tuple(config.rollout.new_token_buckets),
-                     reuse_prefix=config.rollout.reuse_prefix,
-                     decode_chunk=config.rollout.decode_chunk or None)
-  from rised_jax.rollout.sglang_engine import SGLangEngine  # noqa: PLC0415
-  return SGLangEngine(config.rollout.sglang_url, tokenizer=tokenizer,
-                      weight_dir=_weight_dir(config),
-                      timeout_s=config.rollout.sglang.timeout_s,
-                      max_retries=config.rollout.sglang.retries,
-                      max_reply_bytes=config.rollout.sglang.max_reply_bytes,
-                      vocab_size=model.cfg.vocab_size,
-                      export_dtype=config.model.compute_dtype,
-                      weight_sync=config.rollout.sglang.weight_sync,
-                      tensor_bucket_bytes=config.rollout.sglang.tensor_bucket_bytes)
+  """The rollout engine of `config.rollout` (its typed piece), sampling `model`."""
+  return engines.make_engine(
+      stages.stage_configs(config).rollout, model, tokenizer,
+      weight_dir=_weight_dir(config) if config.rollout.engine == "sglang" else "",
+      export_dtype=config.model.compute_dtype)
 
 
 def _weight_dir(config: ml_collections.ConfigDict) -> str:

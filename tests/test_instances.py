@@ -258,7 +258,7 @@ def test_evaluation_records_replay_to_the_logged_pass_rate(tmp_path):
   assert len({r["instance"] for r in logged}) == len(logged) == row["episodes"]
   assert sum(r["success"] for r in logged) == round(row["pass_rate"] * row["episodes"])
   for record in logged:
-    env = envs.make(record["env"], **pipeline.config.envs.difficulty[record["env"]])
+    env = envs.make(record["env"], **pipeline.configs.envs.difficulty[record["env"]])
     env.reset(record["seed"])
     assert env.instance_key() == record["instance"]
     for action in record["actions"]:

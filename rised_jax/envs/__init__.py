@@ -13,10 +13,10 @@ or for the real suites an import-path string imported on first use), an alias a 
 `envs.aliases` defines (registered when the run's pipeline is built, never while the config is
 checked), an entry point of group `rised_jax.envs`, or an import path "package.module:Class".
 Every environment class is checked against `base.EnvironmentProtocol` when first looked up;
-`check_name` also checks difficulty knobs (config validation calls it before the model loads,
-then `check_knob_values`, which builds one instance with the configured knobs: an
-environment's constructor checks their values and must not start sessions or processes — that
-belongs in the first `reset`).
+`check_name` also checks difficulty knobs (config validation, `settings.EnvsConfig.check`,
+calls it before the model loads, then `check_knob_values`, which builds one instance with the
+configured knobs: an environment's constructor checks their values and must not start sessions
+or processes — that belongs in the first `reset`).
 
 See `base` for the protocol and `parsing` for how the built-ins read replies.
 """
@@ -189,30 +189,6 @@ def _lookup(name: str) -> type:
   return ENVIRONMENTS.lookup(name)   # a PluginError (ValueError) names what is wrong
 
 
-def check_config(config: Any) -> None:
-  """config.envs: its aliases' names and targets, every name imported (plug-ins and suites:
-  their errors come before the model loads) and each one's difficulty knobs. Registers nothing:
-  an alias resolves to its target here, and is registered when the pipeline is built."""
-  if not config.envs.names:
-    raise ValueError(f"config.envs.names=[]: expected at least one of {names() + suite_names()} "
-                     "or an import path 'package.module:Class'")
-  aliased: dict[str, type] = {}
-  for alias, target in config.envs.aliases.items():
-    with named(f"config.envs.aliases.{alias}"):
-      check_alias(alias, target)
-      aliased[alias] = target if isinstance(target, type) else ENVIRONMENTS[target]
-  classes = {name: aliased[name] if name in aliased else _lookup(name)
-             for name in config.envs.names}
-  for name in config.envs.difficulty:
-    if name not in config.envs.names:
-      raise ValueError(f"config.envs.difficulty.{name}: {name!r} is not in config.envs.names")
-  for name, cls in classes.items():
-    knobs = config.envs.difficulty.get(name)
-    with named("config.envs.names"):
-      check_name(name, dict(knobs.items()) if knobs is not None else {}, cls)
-    check_knob_values(name, dict(knobs.items()) if knobs is not None else {}, cls)
-
-
 def check_knob_values(name: str, difficulty: Mapping[str, Any], cls: type | None = None) -> None:
   """Builds one `name` environment with `difficulty` and closes it: its constructor checks the
   knobs' values (a width of -3, a string where a number belongs, a remote env's file:// URL),
@@ -227,7 +203,7 @@ def check_knob_values(name: str, difficulty: Mapping[str, Any], cls: type | None
   close(env)
 
 
-__all__ = ["ENVIRONMENTS", "Environment", "check_config", "check_knob_values",
+__all__ = ["ENVIRONMENTS", "Environment", "check_knob_values",
            "EnvironmentProtocol", "Outcome", "check_name",
            "close", "is_environment", "register", "register_aliases", "check_alias",
            "format_answer", "make", "names", "suite_names",

@@ -36,6 +36,7 @@ from typing import Any, Mapping, Protocol, Sequence
 from rised_jax import config as config_lib
 from rised_jax.checkpoint import HostState
 from rised_jax.learn.batching import Row
+from rised_jax.pipelines import stages
 from rised_jax.runlog import RunLog
 from rised_jax.types import Group
 
@@ -75,7 +76,9 @@ def _module(name: str):
 
 
 def check_config(config: Any) -> None:
-  """The named pipeline's `check_config`: its keys and those of each stage it composes."""
+  """The checks of the stages every pipeline composes (`stages.check_common`), then the named
+  pipeline's `check_config`: its keys and those of each stage it composes."""
+  stages.check_common(stages.stage_configs(config))
   _module(config.pipeline).check_config(config)
 
 

@@ -46,31 +46,34 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rised_jax import envs, evaluate, rubrics, runlog, select, tasks, teach
-from rised_jax.config import step_config
+from rised_jax.envs.settings import EnvsConfig
 from rised_jax.learn import advantages as advantages_lib
 from rised_jax.learn.batching import Row
+from rised_jax.pipelines import stages
 from rised_jax.pipelines.records import require
 from rised_jax.rollout import hosts
-from rised_jax.rollout import engines
 from rised_jax.rollout.agent_loop import AgentLoop
 from rised_jax.rollout.base import SamplingParams
+from rised_jax.rollout.settings import RolloutConfig
 from rised_jax.rubrics import rule_judge
 from rised_jax.rubrics.engine_text import judge_options
 from rised_jax.teach import action_mass, positive
 from rised_jax.types import Group, GroupTags
 
 
-def agent_loop(config, engine, tokenizer, temperature: float) -> AgentLoop:
+def agent_loop(rollout: RolloutConfig, environments: EnvsConfig, engine, tokenizer,
+               temperature: float) -> AgentLoop:
+  """The agent loop of the rollout and environment configs, sampling at `temperature`."""
   return AgentLoop(engine, tokenizer,
-                   max_turns=config.envs.max_turns or None,
-                   max_new_tokens_per_turn=config.rollout.max_new_tokens_per_turn,
-                   max_total_tokens=config.rollout.max_total_tokens,
-                   sampling=SamplingParams(max_new_tokens=config.rollout.max_new_tokens_per_turn,
-                                           temperature=temperature, top_p=config.rollout.top_p,
-                                           top_k=config.rollout.top_k),
-                   reply_prefix=config.rollout.reply_prefix,
-                   stop_strings=list(config.rollout.stop_strings),
-                   max_abs_reward=config.envs.max_abs_reward)
+                   max_turns=environments.max_turns or None,
+                   max_new_tokens_per_turn=rollout.max_new_tokens_per_turn,
+                   max_total_tokens=rollout.max_total_tokens,
+                   sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens_per_turn,
+                                           temperature=temperature, top_p=rollout.top_p,
+                                           top_k=rollout.top_k),
+                   reply_prefix=rollout.reply_prefix,
+                   stop_strings=list(rollout.stop_strings),
+                   max_abs_reward=environments.max_abs_reward)
 
 
 class Progress:
@@ -102,30 +105,9 @@ class Progress:
 
 
 def check_config(config) -> None:
-  """The agentic pipeline's stages: selector, tag judge, teacher and guidance, environments,
-  engine (each stage's own `check_config`)."""
-  select.check_config(config)
-  rubrics.check_config(config)
-  teach.check_config(config, step_config(config).distills)
-  envs.check_config(config)
-  engines.check_config(config)
-  evaluate.check_sampling(config.eval.pass_at_k, config.eval.temperature)
-  _check_engine_limits(config)
-
-
-def _check_engine_limits(config) -> None:
-  """The engine's fixed buckets (JaxEngine) take the longest prompt (max_total_tokens − 1) and
-  reply the agent loop may send (`AgentLoop` checks the same of the built engine)."""
-  limits, rollout = engines.limits_of(config), config.rollout
-  if not limits.prompt_fits(rollout.max_total_tokens - 1):
-    raise ValueError(f"config.rollout.prompt_buckets={list(rollout.prompt_buckets)}: expected a "
-                     f"bucket >= {rollout.max_total_tokens - 1}, the longest prompt "
-                     f"config.rollout.max_total_tokens={rollout.max_total_tokens} allows (or a "
-                     "smaller max_total_tokens)")
-  if not limits.reply_fits(rollout.max_new_tokens_per_turn):
-    raise ValueError(f"config.rollout.new_token_buckets={list(rollout.new_token_buckets)}: "
-                     f"expected a bucket >= config.rollout.max_new_tokens_per_turn="
-                     f"{rollout.max_new_tokens_per_turn}")
+  """The agentic pipeline's own stages (tag judge, teacher and guidance, environments, the
+  agent loop's turns), each through its typed config (`stages.check_agentic`)."""
+  stages.check_agentic(stages.stage_configs(config))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,41 +143,40 @@ class AgenticStep:
 class AgenticPipeline:
 
   def __init__(self, config, engine, tokenizer):
-    self.config = config
-    envs.register_aliases(config.envs.aliases)   # validation resolved them without registering
-    self.loop = agent_loop(config, engine, tokenizer, config.rollout.temperature)
-    self.eval_loop = agent_loop(config, engine, tokenizer, config.eval.temperature)
-    self.vocab = rubrics.Vocabulary.load(config.judge.vocabulary or "agentic_v1")
-    self.judge_backend = rubrics.make_judge(config.judge.backend, self.vocab,
-                                            **judge_options(config.judge, engine, tokenizer))
-    self.selector = select.make_selector(config.select.name, seed=config.seed,
-                                         **config.select.options.to_dict())
-    self.teacher = (teach.PositiveTeacher(self.vocab, **config.teacher.options.to_dict())
-                    if config.teacher.enabled else None)
-    self.guidance = (teach.GuidanceMemory(self.vocab, **config.guidance.options.to_dict())
-                     if config.guidance.enabled else None)
-    difficulty = config.envs.difficulty.to_dict()
-    self.eval_samples = evaluate.check_sampling(config.eval.pass_at_k, config.eval.temperature)
-    held_out = evaluate.eval_tasks(config.envs.names, difficulty, config.eval.episodes_per_env,
-                                   config.eval.seed_offset)
-    self.tasks = tasks.TaskStream(config.envs.names, difficulty, seed=config.seed,
-                                  eval_seed_offset=config.eval.seed_offset,
+    # The boundary: the ConfigDict's typed pieces, one per stage (`stages.stage_configs`).
+    self.configs = c = stages.stage_configs(config)
+    envs.register_aliases(c.envs.aliases)   # validation resolved them without registering
+    self.loop = agent_loop(c.rollout, c.envs, engine, tokenizer, c.rollout.temperature)
+    self.eval_loop = agent_loop(c.rollout, c.envs, engine, tokenizer, c.eval.temperature)
+    self.vocab = rubrics.Vocabulary.load(c.judge.vocabulary_name)
+    self.judge_backend = rubrics.make_judge(c.judge.backend, self.vocab,
+                                            **judge_options(c.judge, engine, tokenizer))
+    self.selector = select.make_selector(c.select.name, seed=c.seed, **c.select.options)
+    self.teacher = (teach.PositiveTeacher(self.vocab, **c.teacher.options)
+                    if c.teacher.enabled else None)
+    self.guidance = (teach.GuidanceMemory(self.vocab, **c.guidance.options)
+                     if c.guidance.enabled else None)
+    self.eval_samples = evaluate.check_sampling(c.eval.pass_at_k, c.eval.temperature)
+    held_out = evaluate.eval_tasks(c.envs.names, c.envs.difficulty, c.eval.episodes_per_env,
+                                   c.eval.seed_offset)
+    self.tasks = tasks.TaskStream(c.envs.names, c.envs.difficulty, seed=c.seed,
+                                  eval_seed_offset=c.eval.seed_offset,
                                   exclude=evaluate.instance_keys(held_out))
-    for message in tasks.repeat_warnings(self.tasks,
-                                         config.train.steps * config.select.pool_groups):
+    for message in tasks.repeat_warnings(self.tasks, c.train_steps * c.select.pool_groups):
       warnings.warn(message, stacklevel=2)
     self.eval_episodes: list[dict[str, Any]] = []   # the last evaluation's episode records
     self.progress = Progress()
     self.split = hosts.splits(engine)   # each process rolls out its share (module docstring)
 
   def roll_out(self, step: int) -> AgenticStep:
-    tasks = self.tasks.next(self.config.select.pool_groups)   # all K on every process
+    c = self.configs
+    tasks = self.tasks.next(c.select.pool_groups)   # all K on every process
     hints = None
     if self.guidance is not None:
-      hints = {env: self.guidance.hint(env) for env in self.config.envs.names}
+      hints = {env: self.guidance.hint(env) for env in c.envs.names}
     rollouts, error = hosts.attempt(self.split, lambda: hosts.run_share(
-        self.loop, tasks, self.split, group_size=self.config.rollout.group_size, hints=hints,
-        seed=self.config.seed * 1_000_003 + step))
+        self.loop, tasks, self.split, group_size=c.rollout.group_size, hints=hints,
+        seed=c.seed * 1_000_003 + step))
     if error is not None:
       return AgenticStep(step=step, pool=(), faults={}, error=error)
     faults = {**rollouts.faults.metrics(),
@@ -221,16 +202,16 @@ class AgenticPipeline:
         record, pool=whole.fields["pool"], tags=whole.fields["tags"],
         faults={k: whole.counters[k] for k in record.faults},
         judge_stats={k: whole.counters[k] for k in record.judge_stats})
-    return hosts.require_groups(record, self.config.select.pool_groups)
+    return hosts.require_groups(record, self.configs.select.pool_groups)
 
   def advantages(self, record: AgenticStep) -> AgenticStep:
-    estimator = advantages_lib.ADVANTAGES[self.config.advantage]
+    estimator = advantages_lib.ADVANTAGES[self.configs.advantage]
     values = np.asarray(estimator(np.stack([g.rewards for g in record.pool])), np.float32)
     return dataclasses.replace(record, advantages=values)
 
   def select(self, record: AgenticStep) -> AgenticStep:
     require(record, "select", "tags")
-    chosen = self.selector.select(record.pool, self.config.select.batch_groups, record.step,
+    chosen = self.selector.select(record.pool, self.configs.select.batch_groups, record.step,
                                   record.tags)
     return dataclasses.replace(record, chosen=tuple(chosen))
 
@@ -263,8 +244,8 @@ class AgenticPipeline:
     # One forward shape every step (it compiles once): rows for every trained group's two
     # prompts, the engine's prompt buckets as widths.
     logits = action_mass.next_token_logits(
-        model, student + teacher, rows=2 * self.config.select.batch_groups,
-        widths=self.config.rollout.prompt_buckets)
+        model, student + teacher, rows=2 * self.configs.select.batch_groups,
+        widths=self.configs.rollout.prompt_buckets)
     mass = np.asarray([action_mass.valid_action_mass(row, valid[k % len(valid)])
                        for k, row in enumerate(logits)])
     student_mass, teacher_mass = mass[:len(valid)], mass[len(valid):]
@@ -281,12 +262,11 @@ class AgenticPipeline:
 
   def rows(self, record: AgenticStep) -> list[Row]:
     require(record, "rows", "advantages", "chosen", "teacher_prefixes")
-    rows = []
+    rows, with_hint = [], self.configs.guidance.train_with_hint
     for i, teacher_prefix in zip(record.chosen, record.teacher_prefixes, strict=True):
       group = record.pool[i]
       plain_prefix, teacher_ids = self._prompts(group, teacher_prefix)
       for traj, adv in zip(group.trajectories, record.advantages[i]):
-        with_hint = self.config.guidance.train_with_hint
         prefix = traj.token_ids[:traj.prompt_len] if with_hint else plain_prefix
         rows.append(Row(
             prefix_ids=prefix, response_ids=traj.token_ids[traj.prompt_len:],
@@ -305,12 +285,12 @@ class AgenticPipeline:
   def evaluate(self) -> dict[str, dict[str, float]]:
     """Pass rates; the episodes' records (tags from the rule judge only: an LLM judge would
     cost requests per evaluation) are kept in `eval_episodes`."""
+    c = self.configs
     results, groups = evaluate.evaluate(
-        self.eval_loop, self.config.envs.names, self.config.envs.difficulty.to_dict(),
-        episodes=self.config.eval.episodes_per_env, seed_offset=self.config.eval.seed_offset,
-        seed=self.config.seed, samples=self.eval_samples, split=self.split)
-    tags = (self.judge_backend.judge(groups)[0] if self.config.judge.backend == "rules"
-            else None)
+        self.eval_loop, c.envs.names, c.envs.difficulty, episodes=c.eval.episodes_per_env,
+        seed_offset=c.eval.seed_offset, seed=c.seed, samples=self.eval_samples,
+        split=self.split)
+    tags = self.judge_backend.judge(groups)[0] if c.judge.backend == "rules" else None
     self.eval_episodes = evaluate.episode_records(groups, tags, self.vocab)
     return results
 

@@ -1,18 +1,18 @@
 """The rubric pipeline's config checks (`pipelines.validate`, so `rised-train --dry_run` too):
 the task file and its split, the branches against the step's settings, the judge, the teacher
-templates and the answer length against the engine's limits, then each composed stage's own
-`check_config` (selector, engine).
+templates and the answer length against the engine's limits (the selector's and the engine's
+own checks run for every pipeline: `stages.check_common`).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from rised_jax import config as config_lib
-from rised_jax import rubric_tasks, select
+from rised_jax import rubric_tasks
 from rised_jax.checks import is_int, named
 from rised_jax.learn import cripo
 from rised_jax.pipelines.criteria_prompts import check_answer_fits
-from rised_jax.rollout import engines
+from rised_jax.pipelines import stages
 from rised_jax.rubric_tasks.split import eval_group_of, load_task_set, split_tasks
 from rised_jax.rubrics import criteria as criteria_lib
 from rised_jax.rubrics.engine_text import supplied_options
@@ -32,12 +32,11 @@ def check_normalizer(task_set: rubric_tasks.RubricTaskSet, normalizer: str) -> N
 
 def check_config(config) -> None:
   """The rubric pipeline's keys: task file, split, branches vs step settings, judge, templates,
-  answer length against the engine's limits (then the engine stage's own `check_config`)."""
+  answer length against the engine's limits."""
   rc = config.rubric
   if config.advantage != "grpo":
     raise ValueError(f"config.advantage={config.advantage!r}: the rubric pipeline uses GRPO "
                      "advantages (CriPO's SC rule is defined on them); expected 'grpo'")
-  select.check_config(config)
   if config.select.name != "uniform" or config.select.pool_groups != config.select.batch_groups:
     raise ValueError(f"config.select.name={config.select.name!r} with pool_groups="
                      f"{config.select.pool_groups}, batch_groups={config.select.batch_groups}: "
@@ -66,8 +65,7 @@ def check_config(config) -> None:
                      ("judge.max_new_tokens", rc.judge.max_new_tokens)):
     if not is_int(value) or value < 1:
       raise ValueError(f"config.rubric.{key}={value!r}: expected an integer >= 1")
-  check_answer_fits(engines.limits_of(config), rc.max_new_tokens)
+  check_answer_fits(stages.stage_configs(config).rollout.limits(), rc.max_new_tokens)
   with named("config.rubric.judge"):
     criteria_lib.check_options(rc.judge.backend, rc.judge.options.to_dict(),
                                supplied=supplied_options(rc.judge.backend))
-  engines.check_config(config)

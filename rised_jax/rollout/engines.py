@@ -1,49 +1,33 @@
-"""The rollout engine a config names: its checks and the request limits it will have.
+"""The rollout engine a typed rollout config (`rollout.settings.RolloutConfig`) names.
 
-`check_config` is the engine stage's part of config validation (`pipelines.validate`);
-`limits_of(config)` answers before any model is loaded what the built engine's `limits()` will,
-so a stage can check its longest prompt and reply against the config alone.
+`make_engine` builds it: the in-process `JaxEngine` or the `SGLangEngine` client. Its request
+limits are known before any model is loaded (`RolloutConfig.limits()`), so a stage checks its
+longest prompt and reply against the config alone.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from rised_jax.checks import is_http_url
-from rised_jax.rollout.base import EngineLimits
-from rised_jax.rollout.sglang_engine import WEIGHT_SYNCS
-
-ENGINES = ("jax", "sglang")
+from rised_jax.rollout.base import Engine
+from rised_jax.rollout.settings import RolloutConfig
 
 
-def check_config(config: Any) -> None:
-  """config.rollout's engine name, server URL, reply prefix, stop strings and async roll-outs."""
-  if config.rollout.engine not in ENGINES:
-    raise ValueError(f"config.rollout.engine={config.rollout.engine!r}: expected 'jax' or 'sglang'")
-  if config.rollout.engine == "sglang" and not is_http_url(config.rollout.sglang_url):
-    raise ValueError(f"config.rollout.sglang_url={config.rollout.sglang_url!r}: expected the "
-                     "SGLang server's http(s) URL, e.g. 'http://127.0.0.1:30000'")
-  if config.rollout.sglang.weight_sync not in WEIGHT_SYNCS:
-    raise ValueError(f"config.rollout.sglang.weight_sync={config.rollout.sglang.weight_sync!r}: "
-                     f"expected one of {WEIGHT_SYNCS}")
-  if not isinstance(config.rollout.reply_prefix, str):
-    raise ValueError(f"config.rollout.reply_prefix={config.rollout.reply_prefix!r}: expected a "
-                     "string")
-  stops = config.rollout.stop_strings
-  if isinstance(stops, str) or not all(isinstance(x, str) and x for x in stops):
-    raise ValueError(f"config.rollout.stop_strings={stops!r}: expected a list of non-empty "
-                     "strings")
-  if not isinstance(config.rollout.async_rollouts, bool):
-    raise ValueError(f"config.rollout.async_rollouts={config.rollout.async_rollouts!r}: "
-                     "expected True or False")
-  if config.rollout.async_rollouts and not config.step.behaviour_weight:
-    raise ValueError("config.rollout.async_rollouts=True with config.step.behaviour_weight="
-                     "False: rollouts sampled by the previous step's policy need the truncated "
-                     "importance weight against it; keep behaviour_weight=True")
-
-
-def limits_of(config: Any) -> EngineLimits:
-  """The `limits()` of the engine `config.rollout` builds (JaxEngine: its largest buckets)."""
-  if config.rollout.engine == "jax":
-    return EngineLimits.of_buckets(config.rollout.prompt_buckets,
-                                   config.rollout.new_token_buckets)
-  return EngineLimits()
+def make_engine(rollout: RolloutConfig, model: Any, tokenizer: Any, *, weight_dir: str,
+                export_dtype: str) -> Engine:
+  """The engine `rollout.engine` names, sampling `model`; `weight_dir` and `export_dtype`:
+  where and in which dtype SGLang's weight sync exports (unused in-process)."""
+  if rollout.engine == "jax":
+    from rised_jax.rollout.jax_engine import JaxEngine  # noqa: PLC0415 - optional stage
+    return JaxEngine(model, max_batch=rollout.max_batch, pad_id=tokenizer.pad_token_id,
+                     batch_buckets=rollout.batch_buckets or None,
+                     prompt_buckets=rollout.prompt_buckets,
+                     max_new_tokens_buckets=rollout.new_token_buckets,
+                     reuse_prefix=rollout.reuse_prefix,
+                     decode_chunk=rollout.decode_chunk or None)
+  from rised_jax.rollout.sglang_engine import SGLangEngine  # noqa: PLC0415
+  sglang = rollout.sglang
+  return SGLangEngine(rollout.sglang_url, tokenizer=tokenizer, weight_dir=weight_dir,
+                      timeout_s=sglang.timeout_s, max_retries=sglang.retries,
+                      max_reply_bytes=sglang.max_reply_bytes, vocab_size=model.cfg.vocab_size,
+                      export_dtype=export_dtype, weight_sync=sglang.weight_sync,
+                      tensor_bucket_bytes=sglang.tensor_bucket_bytes)

@@ -9,8 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from rised_jax import plugins
-from rised_jax.checks import named
-from rised_jax.rubrics.engine_text import supplied_options
 from rised_jax.rubrics.judge import Judge, JudgeError, JudgeStats, LLMJudge, RemoteJudge
 from rised_jax.rubrics.llm_judges import GeminiJudge, InProcessJudge, OpenAICompatibleJudge
 from rised_jax.rubrics.parsing import parse_verdict
@@ -37,10 +35,3 @@ def make_judge(name: str, vocab: Vocabulary, **options: Any) -> Judge:
   import path) with its options."""
   return JUDGES.build(name, vocab, **options)
 
-
-def check_config(config: Any) -> None:
-  """config.judge (the agentic pipeline's tag judge): backend, options and vocabulary file."""
-  with named("config.judge"):   # name errors name config.judge.backend themselves
-    JUDGES.check_options(config.judge.backend, config.judge.options.to_dict(), positional=1,
-                         supplied=supplied_options(config.judge.backend))
-  Vocabulary.load(config.judge.vocabulary or "agentic_v1")

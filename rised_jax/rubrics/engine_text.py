@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from rised_jax.checks import frozen
 from rised_jax.rollout.base import Engine, GenerationRequest, SamplingParams
 
 
@@ -26,16 +27,15 @@ def text_generator(engine: Engine, tokenizer, *, max_new_tokens: int = 256,
 
 
 def judge_options(judge_config: Any, engine: Engine, tokenizer) -> dict[str, Any]:
-  """The keyword options of the judge `judge_config` names (config.judge or
-  config.rubric.judge): its `options`, plus for the `inprocess` backend the policy itself as
-  `generate_text`, through the same engine, answering at most `judge_config.max_new_tokens`
-  (`supplied_options`: what config validation must not ask for)."""
-  options = judge_config.options.to_dict()
+  """The keyword options of the judge `judge_config` names (the typed `settings.JudgeConfig`
+  of config.judge, or config.rubric.judge): its `options`, plus for the `inprocess` backend the
+  policy itself as `generate_text`, through the same engine, answering at most
+  `judge_config.max_new_tokens` (`supplied_options`: what config validation must not ask for)."""
+  options = dict(frozen(judge_config.options))
   if "generate_text" in supplied_options(judge_config.backend):
     options["generate_text"] = text_generator(engine, tokenizer,
                                               max_new_tokens=judge_config.max_new_tokens)
   return options
-
 
 
 def supplied_options(backend: str) -> tuple[str, ...]:

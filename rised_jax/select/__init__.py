@@ -6,11 +6,9 @@ is a concrete `Selector` subclass whose constructor takes `seed` and its options
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from rised_jax import plugins
-from rised_jax.checks import named
 from rised_jax.select.base import Selector
 from rised_jax.select.baselines import (CurriculumSelector, DapoSelector, RandomSelector,
                                         SuccessRateSelector, UniformSelector, VarianceSelector)
@@ -33,16 +31,3 @@ def make_selector(name: str, **options: Any) -> Selector:
   "success_rate", an entry point or an import path)."""
   return SELECTORS.build(name, **options)
 
-
-def check_config(config: Any) -> None:
-  """config.select: the selector's name and options, and a batch that fits the pool."""
-  with named("config.select"):   # name errors name config.select.name themselves
-    SELECTORS.check_options(config.select.name, config.select.options.to_dict())
-  if config.select.batch_groups > config.select.pool_groups:
-    raise ValueError(f"config.select.batch_groups={config.select.batch_groups} exceeds "
-                     f"config.select.pool_groups={config.select.pool_groups}")
-  if config.select.name == "rised" and config.select.pool_groups == config.select.batch_groups:
-    warnings.warn(f"config.select.name='rised' with pool_groups == batch_groups == "
-                  f"{config.select.batch_groups}: every group is trained on, so profile "
-                  "selection does nothing (the shipped configs roll out pool_groups = 4 * "
-                  "batch_groups; docs/rised.md#selection)", stacklevel=3)
