@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from rised_jax import pipelines, runlog, trainer
+from rised_jax import envs, pipelines, runlog, trainer
 from rised_jax.model import tiny
 from tests.helpers.run_fixtures import tiny_config
 
@@ -32,7 +32,9 @@ def _config(model, *, async_rollouts, learning_rate, checkpoint_every=2):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-  (env_name,) = _config(None, async_rollouts=False, learning_rate=FROZEN).envs.names
+  config = _config(None, async_rollouts=False, learning_rate=FROZEN)
+  envs.register_aliases(config.envs.aliases)   # the game `signpost`, read by name below
+  (env_name,) = config.envs.names
   # The environment's words only, as the learning test's Signpost model (grpo shows the model
   # no rubric text): with the rubric words its replies here win nothing, so no update moves it.
   return tiny.write(tmp_path_factory.mktemp("tiny") / "model", [env_name], rubric=False)
