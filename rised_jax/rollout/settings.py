@@ -3,7 +3,7 @@ it builds, the sampling and the agent loop's token budgets, and their checks.
 
 `check()` holds every check of a `config.rollout` key alone (run by `pipelines.validate`, so
 `--dry_run` too); checks against other sections (the behaviour weight of `config.step`) are
-the boundary's (`pipelines.stages.check_across`).
+the boundary's ("Checks across sections" in `pipelines.stages`).
 """
 from __future__ import annotations
 
