@@ -1,6 +1,7 @@
 """The teacher's and the guidance memory's typed configs (`config.teacher`, `config.guidance`,
 built at `pipelines.stages`) and their checks. That the teacher needs the step's distillation
-weight is a check across sections, the boundary's ("Checks across sections" in `pipelines.stages`)."""
+weight is a check across sections, the boundary's ("Checks across sections" in
+`pipelines.stages`)."""
 from __future__ import annotations
 
 import dataclasses
