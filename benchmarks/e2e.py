@@ -61,6 +61,7 @@ from rised_jax import config as config_lib, parallel, pipelines, trainer  # noqa
 from rised_jax.learn import advantages as advantages_lib  # noqa: E402
 from rised_jax.learn import flops, train_step as step_lib  # noqa: E402
 from rised_jax.model import ModelConfig, from_config, from_pretrained  # noqa: E402
+from rised_jax.pipelines import stages  # noqa: E402
 from rised_jax.rollout.base import GenerationRequest, SamplingParams  # noqa: E402
 from rised_jax.rollout.jax_engine import JaxEngine  # noqa: E402
 
@@ -213,8 +214,9 @@ def run_ours_agentic(args: argparse.Namespace, tokenizer,
       model.cfg, config.model.compute_dtype, ref_kl=trainable.config.needs_ref_params,
       num_iterations=trainable.config.num_iterations,
       old_policy_pass=trainable.config.fixed_per_batch)
-  run = trainer.Run(config=config, tokenizer=tokenizer, trainable=trainable, state=state,
-                    engine=engine, pipeline=pipeline, checkpointer=None, log=None,
+  run = trainer.Run(config=config, settings=stages.stage_configs(config), tokenizer=tokenizer,
+                    trainable=trainable, state=state, engine=engine, pipeline=pipeline,
+                    checkpointer=None, log=None,
                     history=trainer.RunHistory(), throughput=throughput)
   iterations, tokens, step_work = [], [], []
   compiled: set = set()

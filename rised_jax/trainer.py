@@ -63,6 +63,7 @@ from rised_jax import model as model_lib
 from rised_jax.learn import batching, flops, train_step
 from rised_jax.pipelines import stages
 from rised_jax.rollout import engines
+from rised_jax.train_settings import TrainConfig
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -97,6 +98,7 @@ class Run:
   """Everything one training run holds; built once by `build`."""
 
   config: ml_collections.ConfigDict
+  settings: stages.StageConfigs   # the typed pieces of `config` (pipelines/stages.py)
   tokenizer: model_lib.Tokenizer
   trainable: train_step.Trainable
   state: train_step.TrainState
@@ -228,7 +230,7 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> e
   `config.workdir` and checks that the workdir's saved config (if any) is this one: everything
   that fails before any loading."""
   pipelines.validate(config, num_devices=jax.device_count())
-  use_compilation_cache(config)
+  use_compilation_cache(TrainConfig.from_config(config.train))
   workdir = resolve_workdir(workdir)
   check_workdir(workdir)
   with config.unlocked():
@@ -239,12 +241,12 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> e
   return workdir
 
 
-def compilation_cache_dir(config: ml_collections.ConfigDict) -> str | None:
+def compilation_cache_dir(train: TrainConfig) -> str | None:
   """Where compiled steps and samplers persist between runs (a resumed or repeated run loads
   them instead of compiling): `train.compilation_cache`, "auto" meaning JAX's own setting
   (JAX_COMPILATION_CACHE_DIR) if any, else $RISED_JAX_CACHE/jax (default
   ~/.cache/rised_jax/jax); None for no cache."""
-  setting = config.train.compilation_cache
+  setting = train.compilation_cache
   if not setting:
     return None
   if setting == "auto":
@@ -253,11 +255,11 @@ def compilation_cache_dir(config: ml_collections.ConfigDict) -> str | None:
   return os.path.abspath(os.path.expanduser(setting))
 
 
-def use_compilation_cache(config: ml_collections.ConfigDict) -> None:
+def use_compilation_cache(train: TrainConfig) -> None:
   """Points JAX's persistent compilation cache at `compilation_cache_dir` (re-initialising it
   when an earlier compile in this process fixed another directory, or none)."""
   from jax.experimental.compilation_cache import compilation_cache  # noqa: PLC0415
-  directory = compilation_cache_dir(config)
+  directory = compilation_cache_dir(train)
   if (directory or None) != (jax.config.jax_compilation_cache_dir or None):
     compilation_cache.set_cache_dir(directory)
     compilation_cache.reset_cache()
@@ -286,43 +288,43 @@ def build(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Run:
 
 def _build(config: ml_collections.ConfigDict, workdir: epath.Path) -> Run:
   """`build` of a config that `_prepare` has validated."""
+  settings = stages.stage_configs(config)
   model, tokenizer = _load_model(config)
   mesh = parallel.make_mesh(parallel.MeshShape(**config.mesh.to_dict()))
-  step_config = config_lib.step_config(config)
   optimizer = train_step.make_optimizer(config_lib.optimizer_config(config),
-                                        updates_per_step=step_config.updates_per_step)
-  trainable, state = train_step.create(model, optimizer, step_config, mesh, seed=config.seed)
+                                        updates_per_step=settings.step.updates_per_step)
+  trainable, state = train_step.create(model, optimizer, settings.step, mesh, seed=config.seed)
   # With async roll-outs the sampler's weights must be its own from the start: step 0 donates
   # the state's while step 1 rolls out.
-  engine = _engine(config, trainable.compute_model(state, copy=config.rollout.async_rollouts),
+  engine = _engine(config, trainable.compute_model(state, copy=settings.rollout.async_rollouts),
                    tokenizer)
   throughput = flops.Throughput.for_devices(
       model.cfg, config.model.compute_dtype, ref_kl=trainable.config.needs_ref_params,
-      peak_flops_per_s=config.train.peak_flops_per_s,
+      peak_flops_per_s=settings.train.peak_flops_per_s,
       num_iterations=trainable.config.num_iterations,
       old_policy_pass=trainable.config.fixed_per_batch)
-  run = Run(config=config, tokenizer=tokenizer, trainable=trainable, state=state,
+  run = Run(config=config, settings=settings, tokenizer=tokenizer, trainable=trainable, state=state,
             engine=engine, pipeline=pipelines.make_pipeline(config, engine, tokenizer),
-            checkpointer=_checkpointer(config, workdir),
+            checkpointer=_checkpointer(settings.train, workdir),
             log=runlog.RunLog(workdir, enabled=jax.process_index() == 0,
-                              wandb=_wandb_scalars(config, workdir)),
+                              wandb=_wandb_scalars(settings.train, config, workdir)),
             history=RunHistory(), throughput=throughput)
   _write_config(workdir, config)
   return run
 
 
-def _wandb_scalars(config: ml_collections.ConfigDict, workdir: str | os.PathLike):
+def _wandb_scalars(train: TrainConfig, config: ml_collections.ConfigDict,
+                   workdir: str | os.PathLike):
   """train.wandb=True: the W&B run that mirrors the TensorBoard scalars (`wandb_log`), on the
-  process that writes the logs."""
-  if not config.train.wandb or jax.process_index() != 0:
+  process that writes the logs (its run config: the whole `config`)."""
+  if not train.wandb or jax.process_index() != 0:
     return None
   from rised_jax import wandb_log  # noqa: PLC0415  (imports the optional wandb package)
   return wandb_log.WandbScalars(workdir, config.to_dict())
 
 
-def _checkpointer(config: ml_collections.ConfigDict,
-                  workdir: epath.Path) -> checkpoint.Checkpointer:
-  return checkpoint.Checkpointer(workdir / "checkpoints", keep=config.train.keep_checkpoints)
+def _checkpointer(train: TrainConfig, workdir: epath.Path) -> checkpoint.Checkpointer:
+  return checkpoint.Checkpointer(workdir / "checkpoints", keep=train.keep_checkpoints)
 
 
 # ----------------------------------------------------------------------------- stages
@@ -333,7 +335,7 @@ def assemble(run: Run, rows: list[batching.Row]):
   step_config = run.trainable.config
   return batching.assemble(
       rows, pad_id=run.tokenizer.pad_token_id,
-      num_rows=run.config.select.batch_groups * run.config.rollout.group_size,
+      num_rows=run.settings.select.batch_groups * run.settings.rollout.group_size,
       with_distill=step_config.distills, with_counterfactual=step_config.flips.counterfactual,
       **run.config.batching.to_dict())
 
@@ -392,13 +394,13 @@ def sync_weights(run: Run, version: int) -> dict[str, float]:
   rollouts the sampler holds its own copy: it samples step t + 1 while step t donates them.
   Returns sync/seconds and sync/bytes (`Engine.last_sync_bytes`)."""
   start = time.perf_counter()
-  model = run.trainable.compute_model(run.state, copy=run.config.rollout.async_rollouts)
+  model = run.trainable.compute_model(run.state, copy=run.settings.rollout.async_rollouts)
   run.engine.update_weights(model, version)
   return {"sync/seconds": time.perf_counter() - start,
           "sync/bytes": float(run.engine.last_sync_bytes)}
 
 
-def may_prefetch(config: ml_collections.ConfigDict, step: int) -> bool:
+def may_prefetch(settings: stages.StageConfigs, step: int) -> bool:
   """Whether step `step + 1`'s roll-out runs in the background while step `step` trains.
 
   Only with `rollout.async_rollouts`, never past the last step, and never across a checkpoint:
@@ -406,8 +408,8 @@ def may_prefetch(config: ml_collections.ConfigDict, step: int) -> bool:
   run resumed from that checkpoint repeats exactly what the uninterrupted run did.
   """
   done = step + 1
-  return (config.rollout.async_rollouts and done < config.train.steps
-          and done % config.train.checkpoint_every != 0)
+  return (settings.rollout.async_rollouts and done < settings.train.steps
+          and not settings.train.checkpoints_at(done))
 
 
 def _timed_roll_out(pipeline: pipelines.Pipeline, step: int):
@@ -429,13 +431,14 @@ def run_evaluation(run: Run, step: int) -> dict[str, dict[str, float]]:
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[str, Any]:
   """Runs, resumes or (when finished) just reports a run; returns the before/after summary."""
   workdir = _prepare(config, workdir)
-  finished = _finished_history(config, workdir)
+  train_config = TrainConfig.from_config(config.train)
+  finished = _finished_history(train_config, workdir)
   if finished is not None:
-    _say(f"{workdir} has finished all {config.train.steps} steps; its results:")
+    _say(f"{workdir} has finished all {train_config.steps} steps; its results:")
     return _report(runlog.RunLog(workdir, enabled=jax.process_index() == 0), finished)
   run = _build(config, workdir)
   start = resume(run)
-  history, steps = run.history, config.train.steps
+  history, steps = run.history, train_config.steps
   if start == 0:
     history.before = run_evaluation(run, 0)
   # One worker: at most one roll-out runs in the background (the staleness bound of one step).
@@ -458,13 +461,14 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
 
 def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) -> None:
   """Steps `start`..train.steps − 1 of `train`; `background` runs the async roll-outs."""
-  config, history, steps, p = run.config, run.history, run.config.train.steps, run.pipeline
+  settings, history, p = run.settings, run.history, run.pipeline
+  train_config, steps = settings.train, settings.train.steps
   last_pass = stats.mean_pass_rate(history.before)
   compiled_shapes: set = set()
   bar = tqdm.trange(start, steps, initial=start, total=steps, desc="train",
                     disable=jax.process_index() != 0)
   prefetched = None   # (record, seconds) of this step, rolled out while the last step trained
-  profiler = _Profiler(config, start)
+  profiler = _Profiler(train_config.profile_steps, run.config.workdir, start)
   for step in bar:
     profiler.before(step)
     timer = _StageTimer()
@@ -476,7 +480,8 @@ def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) 
       record, timer.seconds["time/rollout"] = prefetched
     with timer("judge"):   # before the next roll-out starts: a judge may use the engine
       record = p.judge(record)
-    future = background.submit(_timed_roll_out, p, step + 1) if may_prefetch(config, step) else None
+    future = (background.submit(_timed_roll_out, p, step + 1) if may_prefetch(settings, step)
+              else None)
     with timer("advantages"):
       record = p.advantages(record)
     with timer("select"):
@@ -501,9 +506,8 @@ def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) 
       metrics.update(sync_weights(run, step + 1))
     p.observe(record)
     done = step + 1
-    failed = history.nonfinite_streak >= config.train.max_nonfinite_steps
-    periodic = config.train.eval_every and done % config.train.eval_every == 0
-    if not failed and (done == steps or periodic):
+    failed = history.nonfinite_streak >= train_config.max_nonfinite_steps
+    if not failed and train_config.evaluates_at(done):
       with timer("eval"):
         results = run_evaluation(run, done)
       last_pass = stats.mean_pass_rate(results)
@@ -520,18 +524,18 @@ def _train_steps(run: Run, start: int, background: concurrent.futures.Executor) 
     if failed:
       profiler.after(steps)
       _stop_nonfinite(run, done)
-    if done % config.train.checkpoint_every == 0 or done == steps:
+    if train_config.checkpoints_at(done):
       run.log.flush()   # a bucket log's lines of this step precede its checkpoint
       run.checkpointer.save(done, run.state, run.host_state())
 
 
 def _stop_nonfinite(run: Run, done: int) -> None:
   """Ends a run whose last `max_nonfinite_steps` steps were all skipped; nothing is saved."""
-  limit = run.config.train.max_nonfinite_steps
+  limit = run.settings.train.max_nonfinite_steps
   run.checkpointer.close()   # finishes the saves of earlier (finite) steps
   run.log.close()
   last = run.checkpointer.latest_step()
-  ratio = run.config.step.max_update_ratio
+  ratio = run.settings.step.max_update_ratio
   raise NonFiniteTrainingError(
       f"steps {done - limit + 1}..{done}: {limit} consecutive steps were skipped "
       f"(config.train.max_nonfinite_steps={limit}): the loss or gradient norm was not finite, "
@@ -542,16 +546,15 @@ def _stop_nonfinite(run: Run, done: int) -> None:
       f"{run.log.path(runlog.METRICS_FILE)}")
 
 
-def _finished_history(config: ml_collections.ConfigDict,
-                      workdir: epath.Path) -> RunHistory | None:
+def _finished_history(train: TrainConfig, workdir: epath.Path) -> RunHistory | None:
   """The history of a finished run in `workdir` (its last checkpoint holds the final
   evaluation), else None. Opening the checkpoints also removes what a kill left behind."""
   if not (workdir / "checkpoints").exists():
     return None
-  checkpointer = _checkpointer(config, workdir)
+  checkpointer = _checkpointer(train, workdir)
   try:
     step = checkpointer.latest_step()
-    if step != config.train.steps:
+    if step != train.steps:
       return None
     history = RunHistory()
     try:
@@ -609,10 +612,9 @@ class _Profiler:
   profile plugin or Perfetto read it) in <workdir>/profile. A run resumed inside the window
   traces from its first step."""
 
-  def __init__(self, config: ml_collections.ConfigDict, start: int):
-    window = tuple(config.train.profile_steps)
+  def __init__(self, window: tuple[int, ...], workdir: str, start: int):
     self.window = window if window and window[1] > start else ()
-    self.directory = os.fspath(epath.Path(config.workdir) / "profile")
+    self.directory = os.fspath(epath.Path(workdir) / "profile")
     self.active = False
 
   def before(self, step: int) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from rised_jax import envs, pipelines, runlog, trainer
 from rised_jax.model import tiny
+from rised_jax.pipelines import stages
 from tests.helpers.run_fixtures import tiny_config
 
 # grpo: no guidance memory, so a background roll-out's prompt does not depend on the step it
@@ -68,10 +69,11 @@ def test_background_roll_outs_skip_checkpoint_boundaries():
   config = _config(None, async_rollouts=True, learning_rate=FROZEN)
   # done = step + 1; checkpoint_every = 2: no roll-out in flight across steps 2 and 4, none
   # past the last step.
-  assert [trainer.may_prefetch(config, s) for s in range(STEPS)] == [
+  settings = stages.stage_configs(config)
+  assert [trainer.may_prefetch(settings, s) for s in range(STEPS)] == [
       True, False, True, False, False]
   config.rollout.async_rollouts = False
-  assert not any(trainer.may_prefetch(config, s) for s in range(STEPS))
+  assert not any(trainer.may_prefetch(stages.stage_configs(config), s) for s in range(STEPS))
 
 
 @pytest.mark.slow

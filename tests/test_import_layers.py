@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                     "rised_jax.parallel", "rised_jax.plugins", "rised_jax.stats",
                     "rised_jax.http_retry", "rised_jax.checkpoint",
                     "rised_jax.checkpoint_convert", "rised_jax.wandb_log",
-                    "rised_jax.config_docs")),
+                    "rised_jax.config_docs", "rised_jax.train_settings")),
     ("model", ("rised_jax.model",)),
     ("environments and criteria tasks", ("rised_jax.envs", "rised_jax.rubric_tasks")),
     ("rollout", ("rised_jax.rollout",)),

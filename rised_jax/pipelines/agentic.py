@@ -162,7 +162,7 @@ class AgenticPipeline:
     self.tasks = tasks.TaskStream(c.envs.names, c.envs.difficulty, seed=c.seed,
                                   eval_seed_offset=c.eval.seed_offset,
                                   exclude=evaluate.instance_keys(held_out))
-    for message in tasks.repeat_warnings(self.tasks, c.train_steps * c.select.pool_groups):
+    for message in tasks.repeat_warnings(self.tasks, c.train.steps * c.select.pool_groups):
       warnings.warn(message, stacklevel=2)
     self.eval_episodes: list[dict[str, Any]] = []   # the last evaluation's episode records
     self.progress = Progress()

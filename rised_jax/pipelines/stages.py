@@ -15,6 +15,7 @@ expected …`):
   config.guidance   rised_jax.teach.settings.GuidanceConfig   GuidanceMemory options
   config.eval       rised_jax.evaluate.EvalConfig             instances, seeds, pass@k
   config.step       rised_jax.learn.train_step.StepConfig     (checked when built)
+  config.train      rised_jax.train_settings.TrainConfig      steps, cadences, instruments
 
 `check_common` (every pipeline) and `check_agentic` (the agentic pipeline's own stages) run
 the checks through this boundary; `pipelines.validate` calls them, so `--dry_run` does too.
@@ -33,12 +34,12 @@ from rised_jax.rollout.settings import RolloutConfig
 from rised_jax.rubrics.settings import JudgeConfig
 from rised_jax.select.settings import SelectConfig
 from rised_jax.teach.settings import GuidanceConfig, TeacherConfig
+from rised_jax.train_settings import TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class StageConfigs:
-  """Every stage's typed config, and the run-wide keys the stages take (`seed`, `advantage`,
-  `train_steps`: config.train.steps)."""
+  """Every stage's typed config, and the run-wide keys the stages take (`seed`, `advantage`)."""
 
   envs: EnvsConfig
   rollout: RolloutConfig
@@ -48,9 +49,9 @@ class StageConfigs:
   guidance: GuidanceConfig
   eval: EvalConfig
   step: StepConfig
+  train: TrainConfig
   seed: int
   advantage: str
-  train_steps: int
 
 
 def stage_configs(config: Any) -> StageConfigs:
@@ -64,7 +65,7 @@ def stage_configs(config: Any) -> StageConfigs:
       guidance=GuidanceConfig.from_config(config.guidance),
       eval=EvalConfig.from_config(config.eval),
       step=config_lib.step_config(config),
-      seed=config.seed, advantage=config.advantage, train_steps=config.train.steps)
+      train=TrainConfig.from_config(config.train), seed=config.seed, advantage=config.advantage)
 
 
 def check_common(stages: StageConfigs) -> None:
