@@ -9,6 +9,7 @@ integer / real type (Python and NumPy scalars alike):
   is_http_url(v)                     a string http(s)://HOST[...] URL
   with named("config.judge"): ...    a ValueError inside gets the key it is about in front
   check_field_types(cfg)             a dataclass's float fields finite, int fields integers
+  typed(cls, section, where)         a checked dataclass from a config section, errors named
 
 Each caller keeps its own error message (what the value is for, and the range it needs).
 """
@@ -120,6 +121,20 @@ def frozen(value: Any) -> Any:
   if hasattr(value, "to_dict"):
     return value.to_dict()
   return value
+
+
+def typed(cls, section: Any, where: str):
+  """The dataclass `cls` built from every key of the ConfigDict `section` (its `__post_init__`
+  checks them), with errors that name `where` ("config.optim"); a key `cls` has no field for
+  is refused by name."""
+  known = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(section.keys()) - known)
+  if unknown:
+    raise ValueError(f"{where} has unknown keys {unknown}; known: {sorted(known)}")
+  try:
+    return cls(**section.to_dict())
+  except (TypeError, ValueError) as e:
+    raise ValueError(prefixed(where, str(e))) from e
 
 
 def from_section(cls, section: Any, **built: Any):

@@ -54,7 +54,8 @@ from typing import Any, Callable, Sequence
 import ml_collections
 
 from rised_jax.learn import cripo, train_step
-from rised_jax.checks import Rule, int_at_least, is_int, number_at_least, positive_ints, prefixed
+from rised_jax.checks import Rule, int_at_least, is_int, positive_ints, prefixed, typed
+from rised_jax.train_settings import TrainConfig
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -369,24 +370,8 @@ def step_config(config: ml_collections.ConfigDict) -> train_step.StepConfig:
 
 
 def optimizer_config(config: ml_collections.ConfigDict) -> train_step.OptimizerConfig:
-  cfg = _typed(train_step.OptimizerConfig, config.optim, "config.optim")
+  cfg = typed(train_step.OptimizerConfig, config.optim, "config.optim")
   return dataclasses.replace(cfg, total_steps=max(cfg.total_steps, config.train.steps))
-
-
-def _typed(cls, node: ml_collections.ConfigDict, where: str):
-  """cls(**node) with errors that name `where`."""
-  known = {f.name for f in dataclasses.fields(cls)}
-  unknown = sorted(set(node.keys()) - known)
-  if unknown:
-    raise ValueError(f"{where} has unknown keys {unknown}; known: {sorted(known)}")
-  try:
-    return cls(**node.to_dict())
-  except (TypeError, ValueError) as e:
-    raise ValueError(prefixed(where, str(e))) from e
-
-
-def cripo_group_config(config: ml_collections.ConfigDict) -> cripo.CriPOGroupConfig:
-  return _typed(cripo.CriPOGroupConfig, config.rubric.cripo, "config.rubric.cripo")
 
 
 StageCheck = Callable[[ml_collections.ConfigDict], None]
@@ -468,21 +453,6 @@ VALUE_RULES: dict[str, Rule] = {
     "batching.prefix_multiple": int_at_least(1),
     "batching.response_multiple": int_at_least(1),
     "batching.length_buckets": positive_ints(0),
-    "train.steps": int_at_least(0),
-    "train.eval_every": int_at_least(0, "an integer >= 0 (0: only before and after training)"),
-    "train.checkpoint_every": int_at_least(1),
-    "train.keep_checkpoints": int_at_least(1),
-    "train.log_every": int_at_least(1),
-    "train.max_nonfinite_steps": int_at_least(1, "an integer >= 1 (consecutive non-finite "
-                                                 "steps after which the run stops)"),
-    "train.wandb": ((lambda v: isinstance(v, bool)), "True or False"),
-    "train.peak_flops_per_s": number_at_least(0, "a finite number of FLOP/s >= 0 (0: the "
-                                                 "devices' published or measured peak)"),
-    "train.compilation_cache": ((lambda v: isinstance(v, str)),
-                                "a string: 'auto', a directory, or '' for no cache"),
-    "train.profile_steps": ((lambda v: isinstance(v, (list, tuple)) and (
-        len(v) == 0 or (len(v) == 2 and all(is_int(x) and x >= 0 for x in v) and v[0] < v[1]))),
-                            "[] or [first, last) with integers 0 <= first < last"),
 }
 
 
@@ -491,6 +461,7 @@ def _check_values(config: ml_collections.ConfigDict) -> None:
     value = _get(config, key)
     if not ok(value):
       raise ValueError(f"config.{key}={value!r}: expected {expected}")
+  TrainConfig.from_config(config.train).check()
   if config.algorithm not in PRESETS:
     raise ValueError(f"config.algorithm={config.algorithm!r}: expected one of {sorted(PRESETS)}")
 

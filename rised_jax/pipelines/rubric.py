@@ -35,7 +35,7 @@ Each stage takes the step's `RubricStep` and returns a copy with its own fields 
   evaluate   one greedy answer per held-out task, judged, per domain group (`criteria_eval`).
 
 Besides the stages: the question prompts and answers (`criteria_prompts`), the task split
-(`rubric_tasks.split`) and the config checks (`rubric_checks`).
+(`rubric_tasks.split`) and the typed config with its checks (`rubric_settings`).
 
 `roll_out` touches only the task stream and the engine, and the later stages neither (the
 in-process criteria judge excepted: it asks the engine, so `judge` runs before the next
@@ -53,7 +53,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rised_jax import config as config_lib
 from rised_jax import rubric_tasks, runlog
 from rised_jax import tasks as tasks_lib
 from rised_jax.learn import cripo
@@ -62,7 +61,8 @@ from rised_jax.pipelines import criteria_eval
 from rised_jax.pipelines.criteria_prompts import (QuestionChat, answer_seed, check_answer_fits,
                                                   check_prompts_fit)
 from rised_jax.pipelines.records import require
-from rised_jax.pipelines.rubric_checks import check_config  # noqa: F401 - the pipeline's check
+from rised_jax.pipelines.rubric_settings import check_config  # noqa: F401 - the pipeline's check
+from rised_jax.pipelines.rubric_settings import rubric_configs
 from rised_jax.rollout import hosts
 from rised_jax.rollout.agent_loop import RolloutFaults
 from rised_jax.rollout.base import Generation, GenerationRequest, SamplingParams
@@ -133,30 +133,29 @@ class RubricStep:
 class RubricPipeline:
 
   def __init__(self, config, engine, tokenizer):
-    self.config = config
-    rc = config.rubric
+    # The typed pieces only (pipelines/stages.py, rubric_settings.py): no stage reads `config`.
+    self.configs, self.rubric = c, rc = rubric_configs(config)
     self.engine = engine
     self.tokenizer = tokenizer
     self.task_set = load_task_set(rc.tasks)
-    self.group_config = config_lib.cripo_group_config(config)
+    self.group_config = rc.cripo
     self.train_indices, self.eval_indices = split_tasks(len(self.task_set), rc.eval_tasks,
                                                         rc.split_seed)
-    self.eval_group = eval_group_of(rc.eval_groups.to_dict())
-    self.tasks = tasks_lib.ShuffledStream(self.train_indices, seed=config.seed)
-    self.injection_template = rc.injection_template or cripo_prefix.INJECTION_TEMPLATE
-    self.counterfactual_template = (rc.counterfactual_template
-                                    or cripo_prefix.COUNTERFACTUAL_TEMPLATE)
+    self.eval_group = eval_group_of(dict(rc.eval_groups))
+    self.tasks = tasks_lib.ShuffledStream(self.train_indices, seed=c.seed)
+    self.injection_template = rc.injection_template_path
+    self.counterfactual_template = rc.counterfactual_template_path
     self.chat = QuestionChat(tokenizer, rc.system_prompt, rc.strip_thinking)
     self.prompt_ids = [self.chat.question_ids(task) for task in self.task_set.tasks]
     check_prompts_fit(engine.limits(), self.prompt_ids, self.task_set.tasks)
     check_answer_fits(engine.limits(), rc.max_new_tokens)
     stops = tuple(tokenizer.stop_token_ids)
     self.sampling = SamplingParams(max_new_tokens=rc.max_new_tokens,
-                                   temperature=config.rollout.temperature,
-                                   top_p=config.rollout.top_p, top_k=config.rollout.top_k,
+                                   temperature=c.rollout.temperature,
+                                   top_p=c.rollout.top_p, top_k=c.rollout.top_k,
                                    stop_token_ids=stops)
     self.eval_sampling = SamplingParams(max_new_tokens=rc.max_new_tokens,
-                                        temperature=config.eval.temperature, stop_token_ids=stops)
+                                        temperature=c.eval.temperature, stop_token_ids=stops)
     self.judge_backend = criteria_lib.make_criteria_judge(
         rc.judge.backend, **judge_options(rc.judge, engine, tokenizer))
     self.eval_episodes: list[dict[str, Any]] = []   # per-answer records: not kept yet
@@ -165,7 +164,7 @@ class RubricPipeline:
   # ---- stages (roll_out may run in a background thread: module docstring) ------------------
 
   def roll_out(self, step: int) -> RubricStep:
-    indices = self.tasks.next(self.config.select.batch_groups)   # all B on every process
+    indices = self.tasks.next(self.configs.select.batch_groups)   # all B on every process
     share, error = hosts.attempt(self.split, lambda: self._roll_out_share(
         step, hosts.own_share(indices, self.split)))
     if error is not None:
@@ -178,8 +177,8 @@ class RubricPipeline:
   def _roll_out_share(self, step: int, indices: Sequence[int]
                       ) -> tuple[list[Group], RolloutFaults]:
     """The groups of the tasks `indices` (a failed request drops its group) and the faults."""
-    group_size = self.config.rollout.group_size
-    run_seed = self.config.seed * 1_000_003 + step
+    group_size = self.configs.rollout.group_size
+    run_seed = self.configs.seed * 1_000_003 + step
     tasks = [self.task_set.tasks[i] for i in indices]
     requests = [GenerationRequest(self.prompt_ids[i], self.sampling,
                                   seed=answer_seed(run_seed, self.task_set.name, i, task, rollout))
@@ -216,7 +215,7 @@ class RubricPipeline:
     record = dataclasses.replace(
         record, **whole.fields, faults={k: whole.counters[k] for k in record.faults},
         judge_stats={k: whole.counters[k] for k in record.judge_stats})
-    return hosts.require_groups(record, self.config.select.batch_groups)
+    return hosts.require_groups(record, self.configs.select.batch_groups)
 
   def _judge_share(self, record: RubricStep) -> RubricStep:
     tasks = [g.task for g in record.pool for _ in g.trajectories]
@@ -267,7 +266,7 @@ class RubricPipeline:
   def teach(self, record: RubricStep) -> RubricStep:
     require(record, "teach", "analysis", "chosen")
     injection = counterfactual = skipped_empty = 0
-    rc = self.config.rubric
+    rc = self.rubric
     chosen = set(record.chosen)
     teacher_ids, cf_teacher_ids = [], []
     for k, (group, analysis) in enumerate(zip(record.pool, record.analysis)):
@@ -339,7 +338,7 @@ class RubricPipeline:
     return criteria_eval.evaluate(
         self.engine, self.judge_backend, [self.task_set.tasks[i] for i in self.eval_indices],
         [self.prompt_ids[i] for i in self.eval_indices],
-        [answer_seed(self.config.seed, self.task_set.name, i, self.task_set.tasks[i], 0)
+        [answer_seed(self.configs.seed, self.task_set.name, i, self.task_set.tasks[i], 0)
          for i in self.eval_indices],
         self.eval_sampling, self.chat.answer_text, self.eval_group,
         self.group_config.reward_normalizer)

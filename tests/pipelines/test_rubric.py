@@ -219,7 +219,7 @@ def test_stages_return_new_records_and_answers_keep_their_seeds(task_file, token
   expected = []
   for group in rolled.pool:
     for rollout in range(4):
-      key = repr((pipe.config.seed * 1_000_003 + 3, "six", index[group.task.id],
+      key = repr((pipe.configs.seed * 1_000_003 + 3, "six", index[group.task.id],
                   [("id", repr(group.task.id))], rollout, 0))
       expected.append(int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little")
                       & 0x7FFFFFFF)
@@ -260,7 +260,7 @@ def test_teacher_rows_differ_from_student_rows_only_in_the_prefix(cripo_run, tok
 
 def test_uc_teacher_is_only_on_y_star_with_the_unexplored_criteria(cripo_run, tokenizer):
   pipe, _, record, rows, metrics = cripo_run
-  system = pipe.config.rubric.system_prompt
+  system = pipe.rubric.system_prompt
   for task_id, (k, group, mine) in group_rows(record, rows).items():
     with_teacher = [i for i, row in enumerate(mine) if row.teacher_prefix_ids is not None]
     if not UC[task_id]:
@@ -279,7 +279,7 @@ def test_uc_teacher_is_only_on_y_star_with_the_unexplored_criteria(cripo_run, to
 
 def test_sc_teacher_only_on_negative_advantage_answers_meeting_an_sc(cripo_run, tokenizer):
   pipe, _, record, rows, metrics = cripo_run
-  system = pipe.config.rubric.system_prompt
+  system = pipe.rubric.system_prompt
   for task_id, (k, group, mine) in group_rows(record, rows).items():
     texts = {c.id: c.text for c in group.task.criteria}
     with_cf = {i for i, row in enumerate(mine) if row.cf_teacher_prefix_ids is not None}
@@ -301,7 +301,7 @@ def test_presets_switch_the_branches(task_file, tokenizer, scripts, cripo_run, p
   uc, sc = preset in ("cripo", "cripo_u"), preset in ("cripo", "cripo_s")
   assert sum(r.teacher_prefix_ids is not None for r in rows) == (1 if uc else 0)
   assert sum(r.cf_teacher_prefix_ids is not None for r in rows) == (2 if sc else 0)
-  step = config_lib.step_config(pipe.config)
+  step = pipe.configs.step
   assert (step.teacher_kl.beta > 0, step.teacher_kl.localize, step.flips.counterfactual) == (
       uc, uc, sc)
   # The group analysis and its diagnostics do not depend on the branches.
