@@ -259,11 +259,14 @@ def check_options(backend: str, options: dict[str, Any], *, supplied: Sequence[s
             if set(unknown) & set(_TRANSCRIPT_OPTIONS) else "")
     raise ValueError(f"criteria judge {backend!r} has no option(s) {unknown}{hint}; accepted "
                      f"options: {accepted}")
-  required = {"openai": ("model",), "inprocess": ("generate_text",)}.get(backend, ())
+  # Required: the backend's constructor parameters without a default (`plugins.parameters`).
+  cls = CRITERIA_JUDGES.lookup(backend)
+  required = [] if cls is CheckerJudge else [
+      name for name, needed in plugins.parameters(cls).items() if needed and name in accepted]
   missing = [name for name in required if name not in options and name not in supplied]
   if missing:
     raise ValueError(f"criteria judge {backend!r} needs option(s) {missing}")
-  if CRITERIA_JUDGES[backend] is not CheckerJudge:
+  if cls is not CheckerJudge:
     CriterionPrompt(options.get("template_path"), options.get("max_answer_chars", 16000))
 
 
