@@ -2,20 +2,43 @@
 
   python -m rised_jax.config_reference > docs/config.md     # what `make docs` runs
 
-The meanings come from `rised_jax.config_docs.DESCRIPTIONS`, the defaults and types from
-`config.default_config()` itself, so the page cannot drift from the code; `undescribed_keys`
-and `unknown_descriptions` are what tests/test_config_reference.py checks.
+The meanings come from `rised_jax.config_docs.DESCRIPTIONS`, the defaults from
+`config.default_config()` itself, and a stage section's types from the fields of its typed
+config (`TYPED_SECTIONS`: the frozen dataclass the stage receives, whose `check()` validates the
+section), so the page cannot drift from the code; `undescribed_keys`, `unknown_descriptions`
+and `untyped_keys` are what tests/test_config_reference.py checks.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import sys
+import typing
 from typing import Iterator
 
 import ml_collections
 
 from rised_jax import config as config_lib
 from rised_jax.config_docs import DESCRIPTIONS
+from rised_jax.envs.settings import EnvsConfig
+from rised_jax.evaluate import EvalConfig
+from rised_jax.learn import train_step
+from rised_jax.pipelines.rubric_settings import RubricConfig
+from rised_jax.rollout.settings import RolloutConfig
+from rised_jax.rubrics.settings import JudgeConfig
+from rised_jax.select.settings import SelectConfig
+from rised_jax.teach.settings import GuidanceConfig, TeacherConfig
+from rised_jax.train_settings import TrainConfig
+
+# config section -> the typed config its stage receives (pipelines/stages.py); `step` is the
+# flat keys of StepConfig's term configs (`train_step.KEY_OWNERS`).
+TYPED_SECTIONS: dict[str, type] = {
+    "envs": EnvsConfig, "rollout": RolloutConfig, "judge": JudgeConfig, "select": SelectConfig,
+    "teacher": TeacherConfig, "guidance": GuidanceConfig, "eval": EvalConfig,
+    "step": train_step.StepConfig, "optim": train_step.OptimizerConfig, "train": TrainConfig,
+    "rubric": RubricConfig,
+}
 
 HEADER = """# Config reference
 
@@ -53,8 +76,57 @@ def unknown_descriptions(config: ml_collections.ConfigDict | None = None) -> lis
   return sorted(set(DESCRIPTIONS) - keys)
 
 
+def _field_types(cls: type, prefix: str) -> dict[str, object]:
+  """Dotted key -> annotation of every field of the dataclass `cls`, a nested dataclass's
+  fields under its own name (`rollout.sglang.url`)."""
+  hints = typing.get_type_hints(cls)
+  found: dict[str, object] = {}
+  for field in dataclasses.fields(cls):
+    kind = hints[field.name]
+    if dataclasses.is_dataclass(kind):
+      found.update(_field_types(kind, f"{prefix}{field.name}."))
+    else:
+      found[prefix + field.name] = kind
+  return found
+
+
+def typed_keys() -> dict[str, object]:
+  """Every key a typed section's config has a field for, with the field's annotation."""
+  found: dict[str, object] = {}
+  for section, cls in TYPED_SECTIONS.items():
+    if cls is train_step.StepConfig:   # flat keys, each owned by a term config or the step
+      hints = {name: typing.get_type_hints(owner) for name, owner in
+               [*train_step.TERM_CONFIGS.items(), ("step", cls)]}
+      for key, owner in train_step.KEY_OWNERS.items():
+        if key not in config_lib.STEP_KEYS_IN_TRAIN:
+          found[f"step.{key}"] = hints["step" if owner == key else owner][key]
+    else:
+      found.update(_field_types(cls, section + "."))
+  return found
+
+
+def untyped_keys(config: ml_collections.ConfigDict | None = None) -> tuple[list[str], list[str]]:
+  """(keys of a typed section that its config has no field for, fields naming no key)."""
+  config = config_lib.default_config() if config is None else config
+  typed = typed_keys()
+  keys = {key for key, _ in leaf_keys(config) if key.split(".")[0] in TYPED_SECTIONS}
+  return sorted(keys - set(typed)), sorted(set(typed) - keys)
+
+
+def _type_text(kind: object) -> str:
+  """An annotation as the config file writes the value: tuples as lists, mappings as dicts."""
+  text = kind.__name__ if isinstance(kind, type) else str(kind).replace("typing.", "")
+  text = re.sub(r"collections\.abc\.", "", text)
+  text = re.sub(r"tuple\[([^\]]*?), \.\.\.\]", r"list[\1]", text)
+  text = text.replace("NoneType", "None").replace("Mapping[", "dict[")
+  return "dict" if text.startswith("dict[str, Any]") else text
+
+
 def _type_and_meaning(key: str, default: object) -> tuple[str, str]:
   entry = DESCRIPTIONS[key]
+  typed = typed_keys()
+  if key in typed:
+    return _type_text(typed[key]), entry[1] if isinstance(entry, tuple) else entry
   if isinstance(entry, tuple):
     return entry
   if default is None:
@@ -86,7 +158,13 @@ def render(config: ml_collections.ConfigDict | None = None) -> str:
     group = key.split(".")[0] if "." in key else "top level"
     if group != section:
       section = group
-      lines += ["", f"## {group}", "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+      lines += ["", f"## {group}", ""]
+      if group in TYPED_SECTIONS:
+        cls = TYPED_SECTIONS[group]
+        lines += [f"The stage receives `{cls.__module__}.{cls.__qualname__}`, a frozen "
+                  "dataclass built once from this section, which checks these keys (`--dry_run` "
+                  "runs the checks); the types below are its fields'.", ""]
+      lines += ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     kind, meaning = _type_and_meaning(key, default)
     lines.append(f"| `{key}` | {_cell(kind)} | `{_cell(_default_text(default))}` | {_cell(meaning)} |")
   return "\n".join(lines) + "\n"

@@ -66,3 +66,22 @@ def test_a_row_shows_type_default_and_meaning():
 def test_the_checked_in_page_is_current():
   assert PAGE.read_text() == config_reference.render(), (
       "docs/config.md is stale: run `python -m rised_jax.config_reference > docs/config.md`")
+
+
+def test_each_typed_section_has_a_field_for_every_key_and_no_other():
+  assert config_reference.untyped_keys() == ([], [])
+
+
+def test_a_key_the_typed_config_lacks_is_caught():
+  config = config_lib.default_config()
+  config.select.new_knob = 1
+  config.rubric.judge.new_cap = 2
+  assert config_reference.untyped_keys(config) == (["rubric.judge.new_cap", "select.new_knob"], [])
+
+
+def test_a_typed_section_takes_its_types_from_the_fields():
+  page = config_reference.render()
+  assert "`rised_jax.train_settings.TrainConfig`" in page
+  assert "| `train.profile_steps` | list[int] | `[]` |" in page   # field: tuple[int, ...]
+  assert "| `rollout.sglang.timeout_s` | float |" in page          # a nested typed config
+  assert "| `step.beta` | float |" in page                         # a term config's field
