@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from typing import Any
 
 import numpy as np
 import pytest
 
-from rised_jax.rubrics import Vocabulary, criteria
+from rised_jax.rubrics import Vocabulary, criteria, parsing
 from rised_jax.rubrics.parsing import MAX_ANSWER_CHARS, parse_verdict
 
 SEED = 2026
 # Measured on a busy 2-core machine: the slowest input of the fuzz set (1 MB of nested
 # `{"tags": [`) parses in 58 ms, 200 kB ones in under 10 ms; 2 s leaves a 30x margin. The
 # quadratic parser of before took 24 s for 200,000 `{`.
-MAX_SECONDS_PER_INPUT = 2.0
 PROSE = "The agent moved around and then it stopped. Overall fair: see below.\n"
 NOISE_ALPHABET = ' {}[]":,\n`\\tagsNaNInfinity-0123456789.eE'
 
@@ -109,15 +107,32 @@ def fuzz_set(vocab: Vocabulary) -> list[tuple[Any, set[str] | None]]:
   return cases
 
 
-def test_fuzzed_answers_give_a_verdict_or_unjudged_in_bounded_time(vocab):
+MOST_DECODES = 2 * parsing.MAX_CANDIDATES + 1
+
+
+@pytest.fixture
+def decodes(monkeypatch):
+  """The JSON decodes of each parse, appended as they run.
+
+  The parse's bound is its count of decodes (parsing's docstring: at most MAX_CANDIDATES fenced
+  blocks, the whole answer and MAX_CANDIDATES embedded objects, each decode linear), counted
+  rather than timed: a wall-clock limit fails on a loaded machine and proves nothing."""
+  calls: list[int] = []
+  decode = parsing._decode  # noqa: SLF001 - the one place every candidate is decoded
+  monkeypatch.setattr(parsing, "_decode",
+                      lambda fn, text: (calls.append(len(text)), decode(fn, text))[1])
+  return calls
+
+
+def test_fuzzed_answers_give_a_verdict_or_unjudged_in_bounded_work(vocab, decodes):
   cases = fuzz_set(vocab)
   assert len(cases) >= 5000
-  slowest = 0.0
+  most = 0
   checked = 0
   for answer, expected in cases:
-    start = time.perf_counter()
+    decodes.clear()
     verdict = parse_verdict(answer, vocab)
-    slowest = max(slowest, time.perf_counter() - start)
+    most = max(most, len(decodes))
     assert verdict.tags.shape == (len(vocab),) and verdict.tags.dtype == np.float32
     assert set(np.unique(verdict.tags)) <= {0.0, 1.0}
     assert isinstance(verdict.unjudged, bool) and isinstance(verdict.raw, str)
@@ -130,7 +145,7 @@ def test_fuzzed_answers_give_a_verdict_or_unjudged_in_bounded_time(vocab):
       assert not verdict.unjudged and set(vocab.ids_of(verdict.tags)) == expected, answer
       checked += 1
   assert checked == 1500
-  assert slowest < MAX_SECONDS_PER_INPUT, f"slowest parse took {slowest:.3f} s"
+  assert 0 < most <= MOST_DECODES, most
 
 
 @pytest.mark.parametrize("answer", [
@@ -142,10 +157,10 @@ def test_the_reported_crashes_are_unjudged(vocab, answer):
   assert parse_verdict(answer, vocab).unjudged
 
 
-def test_many_braces_parse_in_linear_time(vocab):
-  start = time.perf_counter()
-  assert parse_verdict("{" * 200_000, vocab).unjudged   # was 24 s
-  assert time.perf_counter() - start < MAX_SECONDS_PER_INPUT
+def test_many_braces_parse_in_bounded_work(vocab, decodes):
+  # Decoding from every "{" made this quadratic (24 s once): now at most MAX_CANDIDATES.
+  assert parse_verdict("{" * 200_000, vocab).unjudged
+  assert 1 <= len(decodes) <= MOST_DECODES
 
 
 def test_a_verdict_after_junk_and_the_size_limit(vocab):
