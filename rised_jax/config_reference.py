@@ -11,6 +11,7 @@ and `untyped_keys` are what tests/test_config_reference.py checks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import sys
@@ -78,7 +79,7 @@ def unknown_descriptions(config: ml_collections.ConfigDict | None = None) -> lis
 
 def _field_types(cls: type, prefix: str) -> dict[str, object]:
   """Dotted key -> annotation of every field of the dataclass `cls`, a nested dataclass's
-  fields under its own name (`rollout.sglang.url`)."""
+  fields under its own name (`rollout.sglang.timeout_s`)."""
   hints = typing.get_type_hints(cls)
   found: dict[str, object] = {}
   for field in dataclasses.fields(cls):
@@ -90,8 +91,10 @@ def _field_types(cls: type, prefix: str) -> dict[str, object]:
   return found
 
 
+@functools.cache
 def typed_keys() -> dict[str, object]:
-  """Every key a typed section's config has a field for, with the field's annotation."""
+  """Every key a typed section's config has a field for, with the field's annotation (read
+  once: the page asks for each key's)."""
   found: dict[str, object] = {}
   for section, cls in TYPED_SECTIONS.items():
     if cls is train_step.StepConfig:   # flat keys, each owned by a term config or the step
