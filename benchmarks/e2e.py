@@ -1,6 +1,11 @@
 """One RL iteration end to end, ours and google-tunix 0.1.7's GRPO learner loop, in one run.
 
   JAX_PLATFORMS=cpu python3 benchmarks/e2e.py        # → benchmarks/results/e2e.json (≈ 5 min)
+  JAX_PLATFORMS=cpu python3 benchmarks/e2e.py --rounds 5   # the published figure (≈ 12 min)
+
+With --rounds R the tunix / ours-common pair is measured R times, alternating which side goes
+first; each side's figures are the median over rounds of its per-round medians (as
+vs_tunix.py --rounds), and every round is kept in the JSON. The agentic part runs once.
 
 Three measurements on the random tiny Qwen3 of the tunix driver (2 layers, d = 128, tied,
 fp32), each: --warmup iterations (they compile), then --iters timed ones, stage by stage:
@@ -115,6 +120,21 @@ def summarize(iterations: list[dict[str, float]], trained_tokens: list[int]) -> 
                                                                    for i in iterations]}
 
 
+def over_rounds(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+  """One side's figures over rounds: the median over rounds of each round's medians (as
+  vs_tunix.py --rounds), so one disturbed round moves nothing; each round stays in `rounds`."""
+  stages = {k: float(np.median([s["stage_s"][k] for s in summaries]))
+            for k in summaries[0]["stage_s"]}
+  total = float(np.median([s["iteration_s"] for s in summaries]))
+  tokens = float(np.median([s["trained_tokens_per_iteration"] for s in summaries]))
+  return {**summaries[-1], "iteration_s": total, "stage_s": stages,
+          "stage_share": {k: v / sum(stages.values()) for k, v in stages.items()},
+          "trained_tokens_per_iteration": tokens, "trained_tokens_per_s": tokens / total,
+          "iterations_s": [t for s in summaries for t in s["iterations_s"]],
+          "rounds": [{k: s[k] for k in ("iteration_s", "stage_s", "trained_tokens_per_s")}
+                     for s in summaries]}
+
+
 # ----------------------------------------------------------------------------- ours, common
 
 
@@ -208,13 +228,14 @@ def run_ours_agentic(args: argparse.Namespace, tokenizer,
   model = from_config(ModelConfig.from_hf(hf, source=f"{PRESET} over the tokenizer's vocab"), 0)
   trainable, state = step_lib.create(model, step_lib.make_optimizer(
       config_lib.optimizer_config(config)), config_lib.step_config(config), parallel.make_mesh())
-  engine = trainer._engine(config, trainable.model(state), tokenizer)  # noqa: SLF001 - the job's
+  settings = stages.stage_configs(config)
+  engine = trainer._engine(settings, "", trainable.model(state), tokenizer)  # noqa: SLF001 - the job's
   pipeline = pipelines.make_pipeline(config, engine, tokenizer)
   throughput = flops.Throughput.for_devices(
       model.cfg, config.model.compute_dtype, ref_kl=trainable.config.needs_ref_params,
       num_iterations=trainable.config.num_iterations,
       old_policy_pass=trainable.config.fixed_per_batch)
-  run = trainer.Run(config=config, settings=stages.stage_configs(config), tokenizer=tokenizer,
+  run = trainer.Run(config=config, settings=settings, tokenizer=tokenizer,
                     trainable=trainable, state=state, engine=engine, pipeline=pipeline,
                     checkpointer=None, log=None,
                     history=trainer.RunHistory(), throughput=throughput)
@@ -302,6 +323,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--chunk", type=int, default=256, help="loss chunk of our step")
   parser.add_argument("--warmup", type=int, default=1)
   parser.add_argument("--iters", type=int, default=3)
+  parser.add_argument("--rounds", type=int, default=1,
+                      help="alternating rounds of the tunix / ours-common pair")
   parser.add_argument("--envs", nargs="+", default=["frozenlake", "maze", "countdown",
                                                     "sokoban"])
   parser.add_argument("--pool-groups", type=int, default=4, help="K (agentic)")
@@ -313,7 +336,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--skip-tunix", action="store_true")
   args = parser.parse_args(argv)
   for key in ("prompts", "group_size", "prompt_len", "completion_len", "chunk", "iters",
-              "pool_groups", "batch_groups"):
+              "rounds", "pool_groups", "batch_groups"):
     if getattr(args, key) < 1:
       parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
   if args.warmup < 0:
@@ -332,10 +355,21 @@ def main(argv: Sequence[str] | None = None, tokenizer=None) -> dict[str, Any]:
   parts: dict[str, Any] = {}
   if not args.skip_tunix:
     vs_tunix.ensure_venv(args.venv)
-    print("tunix learner loop ...", flush=True)
-    parts["tunix"] = run_tunix(args)
-  print("ours, the same single-turn work ...", flush=True)
-  parts["ours_common"] = run_ours_common(args)
+  sides = {"ours_common": run_ours_common}
+  if not args.skip_tunix:
+    sides["tunix"] = run_tunix
+  measured: dict[str, list] = {name: [] for name in sides}
+  orders = []
+  for index in range(args.rounds):
+    # Alternate which side goes first, so a drift in the machine's load favours neither.
+    order = sorted(sides, reverse=index % 2 == 0)
+    orders.append(order)
+    for name in order:
+      print(f"round {index + 1}/{args.rounds}: {name} ...", flush=True)
+      measured[name].append(sides[name](args))
+  for name in ("tunix", "ours_common"):
+    if name in measured:
+      parts[name] = over_rounds(measured[name])
   print("ours, RISED on multi-turn environments ...", flush=True)
   parts["ours_agentic"] = run_ours_agentic(args, tokenizer, limits)
   for name in ("tunix", "ours_common"):
@@ -343,7 +377,7 @@ def main(argv: Sequence[str] | None = None, tokenizer=None) -> dict[str, Any]:
       parts[name]["limit_fractions"] = single_turn_limits(parts[name], args, limits)
   result: dict[str, Any] = {"machine": common.machine_record(limits), "args": {
       k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-      "model": PRESET, **parts}
+      "model": PRESET, "round_orders": orders, **parts}
   if "tunix" in parts:
     result["ratio_ours_common_over_tunix"] = (parts["ours_common"]["trained_tokens_per_s"] /
                                               parts["tunix"]["trained_tokens_per_s"])
