@@ -48,13 +48,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 from typing import Any, Callable, Sequence
 
 import ml_collections
 
-from rised_jax.learn import cripo, train_step
-from rised_jax.checks import Rule, int_at_least, is_int, positive_ints, prefixed, typed
+from rised_jax import parallel
+from rised_jax.learn import batching, cripo, train_step
+from rised_jax.checks import Rule, int_at_least, prefixed, typed
+from rised_jax.model.settings import ModelLoadConfig
 from rised_jax.train_settings import TrainConfig
 
 
@@ -381,8 +382,8 @@ def validate(config: ml_collections.ConfigDict, stage_checks: Sequence[StageChec
              num_devices: int | None = None) -> None:
   """Every check that can fail before loading or compiling anything.
 
-  The config's own checks (keys, the run-wide keys' values, mesh, the typed step and optimiser
-  settings) come first, then each of `stage_checks`: each stage's typed config owns the checks
+  The config's own checks (keys, the run-wide keys' values, the typed model, mesh, batching,
+  step and optimiser sections) come first, then each of `stage_checks`: each stage's typed config owns the checks
   of its section, and this module imports no stage; `pipelines.validate` passes them
   (`pipelines.stages`).
   `num_devices` (known once JAX is initialised) also checks that the mesh fits the devices;
@@ -393,22 +394,18 @@ def validate(config: ml_collections.ConfigDict, stage_checks: Sequence[StageChec
   _check_replaced_keys(config)
   _check_known_keys(config, default_config())
   _check_values(config)
-  _check_mesh(config, num_devices)
+  ModelLoadConfig.from_config(config.model).check()
+  parallel.MeshShape.from_config(config.mesh).check(num_devices)
+  batching.BatchingConfig.from_config(config.batching).check()
   step_config(config)
   optimizer_config(config)
   advantages.ADVANTAGES.lookup(config.advantage)
-  for key in ("param_dtype", "compute_dtype"):
-    if config.model[key] not in MODEL_DTYPES:
-      raise ValueError(f"config.model.{key}={config.model[key]!r}: expected one of "
-                       f"{MODEL_DTYPES}")
   for check in stage_checks:
     check(config)
 
 
 # ----------------------------------------------------------------------------- value checks
 # Each error names the key, the value and what is expected.
-
-MODEL_DTYPES = ("float32", "bfloat16")
 
 
 def _check_replaced_keys(config: ml_collections.ConfigDict) -> None:
@@ -450,9 +447,6 @@ def _check_known_keys(config: ml_collections.ConfigDict, reference: ml_collectio
 # holds the rules of its own section (`pipelines.stages`).
 VALUE_RULES: dict[str, Rule] = {
     "seed": int_at_least(0),
-    "batching.prefix_multiple": int_at_least(1),
-    "batching.response_multiple": int_at_least(1),
-    "batching.length_buckets": positive_ints(0),
 }
 
 
@@ -464,22 +458,3 @@ def _check_values(config: ml_collections.ConfigDict) -> None:
   TrainConfig.from_config(config.train).check()
   if config.algorithm not in PRESETS:
     raise ValueError(f"config.algorithm={config.algorithm!r}: expected one of {sorted(PRESETS)}")
-
-
-def _check_mesh(config: ml_collections.ConfigDict, num_devices: int | None) -> None:
-  from rised_jax import parallel  # noqa: PLC0415
-
-  sizes = config.mesh.to_dict()
-  try:
-    shape = parallel.MeshShape(**sizes)
-  except TypeError:
-    raise ValueError(f"config.mesh={sizes}: expected the keys {parallel.MESH_AXES}") from None
-  if not all(is_int(v) for v in sizes.values()):
-    raise ValueError(f"config.mesh={sizes}: expected integer sizes (or -1 for all the rest)")
-  # Without the devices, resolve against the product of the fixed sizes: that checks the shape
-  # itself (sizes positive or -1, at most one -1) and nothing else.
-  fixed = math.prod(v for v in sizes.values() if v > 0)
-  try:
-    shape.resolve(fixed if num_devices is None else num_devices)
-  except ValueError as e:
-    raise ValueError(f"config.mesh: {e}") from None

@@ -25,6 +25,9 @@ from rised_jax.config_docs import DESCRIPTIONS
 from rised_jax.envs.settings import EnvsConfig
 from rised_jax.evaluate import EvalConfig
 from rised_jax.learn import train_step
+from rised_jax.learn.batching import BatchingConfig
+from rised_jax.model.settings import ModelLoadConfig
+from rised_jax.parallel import MeshShape
 from rised_jax.pipelines.rubric_settings import RubricConfig
 from rised_jax.rollout.settings import RolloutConfig
 from rised_jax.rubrics.settings import JudgeConfig
@@ -38,7 +41,8 @@ TYPED_SECTIONS: dict[str, type] = {
     "envs": EnvsConfig, "rollout": RolloutConfig, "judge": JudgeConfig, "select": SelectConfig,
     "teacher": TeacherConfig, "guidance": GuidanceConfig, "eval": EvalConfig,
     "step": train_step.StepConfig, "optim": train_step.OptimizerConfig, "train": TrainConfig,
-    "rubric": RubricConfig,
+    "rubric": RubricConfig, "model": ModelLoadConfig, "mesh": MeshShape,
+    "batching": BatchingConfig,
 }
 
 HEADER = """# Config reference

@@ -26,6 +26,8 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from rised_jax.checks import is_int
+
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
@@ -54,6 +56,28 @@ class MeshShape:
   data: int = 1
   fsdp: int = -1
   tensor: int = 1
+
+  @classmethod
+  def from_config(cls, section: Any) -> MeshShape:
+    """config.mesh (docs/config.md); a key other than the three axes is refused by name."""
+    sizes = section.to_dict() if hasattr(section, "to_dict") else dict(section)
+    if set(sizes) != set(MESH_AXES):
+      raise ValueError(f"config.mesh={sizes}: expected the keys {MESH_AXES}")
+    return cls(**sizes)
+
+  def check(self, num_devices: int | None = None) -> None:
+    """The shape itself (integer sizes, positive or one -1), and with `num_devices` (known
+    once JAX has started) that it fits them; without it a dry run on another machine checks
+    only the shape."""
+    sizes = dataclasses.asdict(self)
+    if not all(is_int(v) for v in sizes.values()):
+      raise ValueError(f"config.mesh={sizes}: expected integer sizes (or -1 for all the rest)")
+    # Without the devices, resolve against the product of the fixed sizes.
+    fixed = int(np.prod([v for v in sizes.values() if v > 0]))
+    try:
+      self.resolve(fixed if num_devices is None else num_devices)
+    except ValueError as e:
+      raise ValueError(f"config.mesh: {e}") from None
 
   def resolve(self, num_devices: int) -> tuple[int, int, int]:
     sizes = [self.data, self.fsdp, self.tensor]

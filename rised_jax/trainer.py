@@ -62,7 +62,9 @@ from rised_jax import checkpoint, config as config_lib, parallel, pipelines, run
 from rised_jax import model as model_lib
 from rised_jax.learn import batching, flops, train_step
 from rised_jax.pipelines import stages
+from rised_jax.model.settings import ModelLoadConfig
 from rised_jax.rollout import engines
+from rised_jax.rollout.settings import RolloutConfig
 from rised_jax.train_settings import TrainConfig
 
 
@@ -171,23 +173,24 @@ def check_workdir(workdir: epath.Path) -> None:
                      "directory (existing, or a path the run can create)")
 
 
-def _engine(config: ml_collections.ConfigDict, model, tokenizer):
+def _engine(settings: stages.StageConfigs, workdir: str, model, tokenizer):
   """The rollout engine of `config.rollout` (its typed piece), sampling `model`."""
+  rollout = settings.rollout
   return engines.make_engine(
-      stages.stage_configs(config).rollout, model, tokenizer,
-      weight_dir=_weight_dir(config) if config.rollout.engine == "sglang" else "",
-      export_dtype=config.model.compute_dtype)
+      rollout, model, tokenizer,
+      weight_dir=_weight_dir(rollout, workdir) if rollout.engine == "sglang" else "",
+      export_dtype=settings.model.compute_dtype)
 
 
-def _weight_dir(config: ml_collections.ConfigDict) -> str:
+def _weight_dir(rollout: RolloutConfig, workdir: str) -> str:
   """The local directory the SGLang weight sync exports into (the server loads from a path)."""
-  if config.rollout.sglang.weight_dir:
-    return os.path.abspath(os.path.expanduser(config.rollout.sglang.weight_dir))
-  if "://" in config.workdir:
+  if rollout.sglang.weight_dir:
+    return os.path.abspath(os.path.expanduser(rollout.sglang.weight_dir))
+  if "://" in workdir:
     raise ValueError(f"config.rollout.sglang.weight_dir is empty and the workdir "
-                     f"{config.workdir} is a bucket URL: SGLang loads the synced weights from a "
+                     f"{workdir} is a bucket URL: SGLang loads the synced weights from a "
                      "directory on its host, so give a local or shared-filesystem path")
-  return os.fspath(epath.Path(config.workdir) / "weights")
+  return os.fspath(epath.Path(workdir) / "weights")
 
 
 # Where the workdir (or the weight-sync scratch) is, is not part of what the run is (a moved or
@@ -230,13 +233,14 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> e
   `config.workdir` and checks that the workdir's saved config (if any) is this one: everything
   that fails before any loading."""
   pipelines.validate(config, num_devices=jax.device_count())
-  use_compilation_cache(TrainConfig.from_config(config.train))
+  settings = stages.stage_configs(config)
+  use_compilation_cache(settings.train)
   workdir = resolve_workdir(workdir)
   check_workdir(workdir)
   with config.unlocked():
     config.workdir = os.fspath(workdir)
-  if config.rollout.engine == "sglang":
-    _weight_dir(config)
+  if settings.rollout.engine == "sglang":
+    _weight_dir(settings.rollout, config.workdir)
   _check_saved_config(workdir, config)
   return workdir
 
@@ -265,8 +269,7 @@ def use_compilation_cache(train: TrainConfig) -> None:
     compilation_cache.reset_cache()
 
 
-def _load_model(config: ml_collections.ConfigDict):
-  m = config.model
+def _load_model(m: ModelLoadConfig):
   _say(f"loading model {m.source} ({m.param_dtype} weights, {m.compute_dtype} compute)…")
   start = time.perf_counter()
   model, tokenizer = model_lib.from_pretrained(m.source, dtype=m.compute_dtype,
@@ -275,7 +278,7 @@ def _load_model(config: ml_collections.ConfigDict):
   params = jax.tree.leaves(nnx.state(model, nnx.Param))
   count = sum(int(np.prod(p.shape)) for p in params)
   size = sum(int(np.prod(p.shape)) * p.dtype.itemsize for p in params)
-  _say(f"loaded {config.model.source}: {count / 1e6:.1f} M parameters, {size / 2**20:.0f} MiB, "
+  _say(f"loaded {m.source}: {count / 1e6:.1f} M parameters, {size / 2**20:.0f} MiB, "
        f"in {time.perf_counter() - start:.1f} s")
   return model, tokenizer
 
@@ -289,17 +292,17 @@ def build(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Run:
 def _build(config: ml_collections.ConfigDict, workdir: epath.Path) -> Run:
   """`build` of a config that `_prepare` has validated."""
   settings = stages.stage_configs(config)
-  model, tokenizer = _load_model(config)
-  mesh = parallel.make_mesh(parallel.MeshShape(**config.mesh.to_dict()))
+  model, tokenizer = _load_model(settings.model)
+  mesh = parallel.make_mesh(settings.mesh)
   optimizer = train_step.make_optimizer(config_lib.optimizer_config(config),
                                         updates_per_step=settings.step.updates_per_step)
   trainable, state = train_step.create(model, optimizer, settings.step, mesh, seed=config.seed)
   # With async roll-outs the sampler's weights must be its own from the start: step 0 donates
   # the state's while step 1 rolls out.
-  engine = _engine(config, trainable.compute_model(state, copy=settings.rollout.async_rollouts),
-                   tokenizer)
+  engine = _engine(settings, config.workdir,
+                   trainable.compute_model(state, copy=settings.rollout.async_rollouts), tokenizer)
   throughput = flops.Throughput.for_devices(
-      model.cfg, config.model.compute_dtype, ref_kl=trainable.config.needs_ref_params,
+      model.cfg, settings.model.compute_dtype, ref_kl=trainable.config.needs_ref_params,
       peak_flops_per_s=settings.train.peak_flops_per_s,
       num_iterations=trainable.config.num_iterations,
       old_policy_pass=trainable.config.fixed_per_batch)
@@ -337,7 +340,7 @@ def assemble(run: Run, rows: list[batching.Row]):
       rows, pad_id=run.tokenizer.pad_token_id,
       num_rows=run.settings.select.batch_groups * run.settings.rollout.group_size,
       with_distill=step_config.distills, with_counterfactual=step_config.flips.counterfactual,
-      **run.config.batching.to_dict())
+      **dataclasses.asdict(run.settings.batching))
 
 
 def update(run: Run, batch, compiled_shapes: set | None = None) -> dict[str, float]:

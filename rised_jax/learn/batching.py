@@ -9,9 +9,33 @@ R; P and R are rounded up to buckets so the step compiles once per bucket pair.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
+
+from rised_jax.checks import Rule, check_rules, from_section, int_at_least, positive_ints
+
+RULES: dict[str, Rule] = {
+    "prefix_multiple": int_at_least(1),
+    "response_multiple": int_at_least(1),
+    "length_buckets": positive_ints(0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchingConfig:
+  """config.batching (docs/config.md): the column multiples and width buckets of `assemble`."""
+
+  prefix_multiple: int
+  response_multiple: int
+  length_buckets: tuple[int, ...]
+
+  @classmethod
+  def from_config(cls, section: Any) -> BatchingConfig:
+    return from_section(cls, section)
+
+  def check(self) -> None:
+    check_rules("config.batching", self, RULES)
 
 
 @dataclasses.dataclass

@@ -16,6 +16,11 @@ expected …`):
   config.eval       rised_jax.evaluate.EvalConfig             instances, seeds, pass@k
   config.step       rised_jax.learn.train_step.StepConfig     (checked when built)
   config.train      rised_jax.train_settings.TrainConfig      steps, cadences, instruments
+  config.model      rised_jax.model.settings.ModelLoadConfig  source, dtypes, remat, scan
+  config.mesh       rised_jax.parallel.MeshShape              axis sizes (and the devices)
+  config.batching   rised_jax.learn.batching.BatchingConfig   column multiples, width buckets
+
+The last three are the run's own sections: `config.validate` checks them before any stage.
 
 `check_common` (every pipeline) and `check_agentic` (the agentic pipeline's own stages) run
 the checks through this boundary; `pipelines.validate` calls them, so `--dry_run` does too.
@@ -29,7 +34,10 @@ from typing import Any
 from rised_jax import config as config_lib
 from rised_jax.envs.settings import EnvsConfig
 from rised_jax.evaluate import EvalConfig
+from rised_jax.learn.batching import BatchingConfig
 from rised_jax.learn.train_step import StepConfig
+from rised_jax.model.settings import ModelLoadConfig
+from rised_jax.parallel import MeshShape
 from rised_jax.rollout.settings import RolloutConfig
 from rised_jax.rubrics.settings import JudgeConfig
 from rised_jax.select.settings import SelectConfig
@@ -50,6 +58,9 @@ class StageConfigs:
   eval: EvalConfig
   step: StepConfig
   train: TrainConfig
+  model: ModelLoadConfig
+  mesh: MeshShape
+  batching: BatchingConfig
   seed: int
   advantage: str
 
@@ -65,7 +76,10 @@ def stage_configs(config: Any) -> StageConfigs:
       guidance=GuidanceConfig.from_config(config.guidance),
       eval=EvalConfig.from_config(config.eval),
       step=config_lib.step_config(config),
-      train=TrainConfig.from_config(config.train), seed=config.seed, advantage=config.advantage)
+      train=TrainConfig.from_config(config.train),
+      model=ModelLoadConfig.from_config(config.model), mesh=MeshShape.from_config(config.mesh),
+      batching=BatchingConfig.from_config(config.batching),
+      seed=config.seed, advantage=config.advantage)
 
 
 def check_common(stages: StageConfigs) -> None:
