@@ -97,14 +97,17 @@ def test_a_bucket_weight_dir_is_refused():
 def test_a_bucket_workdir_syncs_through_rollout_sglang_weight_dir(tmp_path):
   from types import SimpleNamespace  # pylint: disable=import-outside-toplevel
   from rised_jax import config as config_lib, trainer  # pylint: disable=import-outside-toplevel
+  from rised_jax.pipelines import stages  # pylint: disable=import-outside-toplevel
   config = config_lib.default_config()
   config.rollout.engine = "sglang"
   config.workdir = "gs://bucket/run"
   model = SimpleNamespace(cfg=SimpleNamespace(vocab_size=step_fixtures.VOCAB))
   with pytest.raises(ValueError, match=r"rollout.sglang.weight_dir is empty and the workdir "
                                        r"gs://bucket/run is a bucket URL"):
-    trainer._engine(config, model, tiny_tokenizer())   # pylint: disable=protected-access
+    trainer._engine(stages.stage_configs(config), config.workdir, model,  # pylint: disable=protected-access
+                    tiny_tokenizer())
   config.rollout.sglang.weight_dir = str(tmp_path / "weights")
-  engine = trainer._engine(config, model, tiny_tokenizer())   # pylint: disable=protected-access
+  engine = trainer._engine(stages.stage_configs(config), config.workdir, model,  # pylint: disable=protected-access
+                           tiny_tokenizer())
   assert engine.weight_dir == str(tmp_path / "weights")
   engine.close()

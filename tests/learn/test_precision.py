@@ -14,6 +14,7 @@ from flax import nnx
 
 from rised_jax import config as config_lib, parallel, pipelines, trainer
 from rised_jax.learn import batching, train_step
+from rised_jax.pipelines import stages
 from rised_jax.model import ModelConfig, from_config, tiny
 from tests.helpers import step_fixtures
 from tests.helpers.run_fixtures import REPO, load_config_file, tiny_config as _config
@@ -108,7 +109,8 @@ def test_sampler_and_export_hold_the_compute_dtype(tiny_model, tmp_path):
                                   np.asarray(master[key].astype(value.dtype), np.float32))
   with config.unlocked():
     config.rollout.engine = "sglang"
-  engine = trainer._engine(config, run.trainable.compute_model(run.state), run.tokenizer)
+  engine = trainer._engine(stages.stage_configs(config), run.config.workdir,
+                           run.trainable.compute_model(run.state), run.tokenizer)
   out = engine.export_weights(run.trainable.compute_model(run.state), 1)
   dtypes = {}
   for name in sorted(p for p in os.listdir(out) if p.endswith(".safetensors")):

@@ -17,6 +17,7 @@ from flax import nnx
 from rised_jax import config as config_lib, parallel, pipelines, runlog, trainer
 from rised_jax.learn import train_step
 from rised_jax.model import ModelConfig, from_config, tiny
+from rised_jax.rollout.settings import RolloutConfig
 from tests.helpers import step_fixtures
 from tests.helpers.run_fixtures import tiny_config as _config
 
@@ -208,7 +209,9 @@ def test_sglang_weight_sync_under_a_bucket_workdir_needs_a_local_weight_dir(tmp_
                                                  "rollout.sglang.weight_dir": str(tmp_path)})
   with config.unlocked():
     config.workdir = "gs://bucket/run"
-  assert trainer._weight_dir(config) == str(tmp_path)
+  assert trainer._weight_dir(RolloutConfig.from_config(config.rollout), config.workdir) == str(
+      tmp_path)
   with config.unlocked():
     config.workdir, config.rollout.sglang.weight_dir = str(tmp_path / "run"), ""
-  assert trainer._weight_dir(config) == str(tmp_path / "run" / "weights")
+  assert trainer._weight_dir(RolloutConfig.from_config(config.rollout), config.workdir) == str(
+      tmp_path / "run" / "weights")
