@@ -353,10 +353,9 @@ def main(argv: Sequence[str] | None = None, tokenizer=None) -> dict[str, Any]:
     _, tokenizer = from_pretrained(args.tokenizer, "float32")
   limits = common.probe_machine()
   parts: dict[str, Any] = {}
-  if not args.skip_tunix:
-    vs_tunix.ensure_venv(args.venv)
   sides = {"ours_common": run_ours_common}
   if not args.skip_tunix:
+    vs_tunix.ensure_venv(args.venv)
     sides["tunix"] = run_tunix
   measured: dict[str, list] = {name: [] for name in sides}
   orders = []

@@ -383,9 +383,9 @@ def validate(config: ml_collections.ConfigDict, stage_checks: Sequence[StageChec
   """Every check that can fail before loading or compiling anything.
 
   The config's own checks (keys, the run-wide keys' values, the typed model, mesh, batching,
-  step and optimiser sections) come first, then each of `stage_checks`: each stage's typed config owns the checks
-  of its section, and this module imports no stage; `pipelines.validate` passes them
-  (`pipelines.stages`).
+  step and optimiser sections) come first, then each of `stage_checks`: each stage's typed
+  config owns the checks of its section, and this module imports no stage;
+  `pipelines.validate` passes them (`pipelines.stages`).
   `num_devices` (known once JAX is initialised) also checks that the mesh fits the devices;
   without it only the mesh's own shape is checked (a dry run on another machine).
   """

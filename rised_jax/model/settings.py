@@ -7,9 +7,10 @@ import dataclasses
 from typing import Any
 
 from rised_jax.checks import Rule, check_rules, from_section
+from rised_jax.model import DTYPES
 
-# Master weights and compute (rised_jax/learn/precision.py); `model.DTYPES` maps them to jnp.
-MODEL_DTYPES = ("float32", "bfloat16")
+# Master weights and compute (rised_jax/learn/precision.py).
+MODEL_DTYPES = tuple(DTYPES)
 
 
 def _one_of(names: tuple[str, ...]) -> Rule:
