@@ -68,6 +68,12 @@ def rubric_words(vocabularies: Sequence[str] = BUILTIN_VOCABULARIES) -> list[str
 
 
 def build_tokenizer(words: Sequence[str]) -> Tokenizer:
+  # A repeated word would take two ids, the vocabulary would hold fewer entries than the
+  # largest id, and the embedding lookup past its end would read NaN.
+  repeated = sorted({w for w in words if words.count(w) > 1})
+  if repeated:
+    raise ValueError(f"tiny tokenizer: words {repeated} are listed more than once; expected "
+                     "each word once")
   vocab = {token: i for i, token in enumerate(SPECIAL + [w for w in words if w not in SPECIAL])}
   backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<|unk|>"))
   backend.pre_tokenizer = tokenizers.pre_tokenizers.Sequence([
