@@ -3,7 +3,7 @@
   python -m rised_jax.mechanisms precheck --model runs/doors_model [--out precheck.json]
 
 Each line says whether a mechanism has something to act on with the warm-started model
-(`python -m rised_jax.warmstart runs/doors_model --game doors --avoid-share 0.25`), measured on
+(`python -m rised_jax.warmstart runs/doors_model --game doors ...`, the suite config's recipe), measured on
 the held-out instances of the suite's games (rised_jax.envs.doors; the seeds the evaluation
 uses, `evaluate.eval_instances`). Replies are one door token after the reply prefix, so the
 probability of a door's token is exactly the frequency with which rollouts at temperature 1
@@ -13,8 +13,10 @@ open it.
              instance): what a learning claim must beat.
   teacher    on `doors`, mean p(winning door | teacher prompt) - p(winning door | student
              prompt). The teacher prompt is the one RISED builds for a group with a won
-             rollout (`positive.positive_teacher_prefix` with sources ("group",), the won
-             rollout played through the game and tagged by the rule judge). Holds at >= 0.3.
+             rollout (`positive.positive_teacher_prefix`, the won rollout played through the
+             game and tagged by the rule judge); its positives name no door, so an
+             all-failure group that takes them from the pool or the memory gets the same
+             prompt. Holds at >= 0.3.
   guidance   on `trapdoors`, the trap's frequency p(black) under the student prompt, and
              under the student prompt with the hint `GuidanceMemory` shows once the trap's tag
              is frequent ("Avoid: Opens with black."). Holds when the failure recurs (above
@@ -116,8 +118,7 @@ def teacher_check(model, chat: ChatFormat, vocab: Vocabulary) -> dict[str, float
     win = doors.winning_door(env, task.seed)
     loser = next(d for d in env.action_space() if d != win)
     group, tags = judged_group(task, [win, loser, loser, loser], judge)
-    prefix, _ = positive.positive_teacher_prefix(group.system_prompt, 0, [group], [tags], vocab,
-                                                 sources=("group",))
+    prefix, _ = positive.positive_teacher_prefix(group.system_prompt, 0, [group], [tags], vocab)
     teacher.append((prefix, group.first_observation))
     student.append((group.system_prompt, group.first_observation))
     wins.append(env.action_space().index(win))

@@ -9,31 +9,36 @@ descriptions); the target is the reply `X</answer>` after the reply prefix
 "<answer>", end of turn included. Because X is independent of the board in training, the only
 way to fit the data is to copy the move the rubric line names.
 
-It can learn: copy a move named by a rubric line in the teacher block. It is not taught (and
-the measurement in issue 20 found that 200–300 steps do not teach) content matching (find the
-colour a rubric line names among the observation's signs) or rules that interact with the
-observation: the warm-started model is a reader of explicit hints, not a planner.
+It can learn: copy a move named by a rubric line in the teacher block; with `--game doors`,
+follow a general rubric line ("Opens the door the note names") by copying the door the
+observation's note names, and keep its prior where the line is absent (1500 steps at batch 32;
+400 steps at batch 16 left it at teacher p(win) 0.24, 1500 at batch 16 at 0.63). It is not
+taught (and the measurement in issue 20 found that 200–300 steps do not teach) content matching
+(find the colour a rubric line names among the observation's signs) or rules that interact
+with the observation beyond that copy: the warm-started model is a reader of explicit hints,
+not a planner.
 
 Pre-check (`precheck`, printed at the end and written to warmstart.json): on held-out
 instances (instance keys disjoint from the training ones), the probability of the winning
-move's token after the teacher prompt whose line names it, minus that after the student prompt
-(no teacher block); the mechanism suite needs it >= 0.3.
+move's token after the teacher prompt whose line names it (`--game doors`: lists the rule),
+minus that after the student prompt (no teacher block); the mechanism suite needs it >= 0.3.
 
   python -m rised_jax.warmstart OUT_DIR [--steps 300] [--seed 0] [--batch 16] [--lr 3e-3]
-      [--game frozenlake|doors] [--avoid-share 0.0] [--prior-share 0.0]
+      [--game frozenlake|doors] [--avoid-share 0.0] [--prior-share 0.0] [--example-rate 0.5]
 
 `--game doors` uses the prompts of the RISED mechanism suite's two Doors games
-(rised_jax.envs.doors; experiments/configs/mechanisms_rised.py) and its vocabulary; the named
-move is never the trap (no positive names it). `--avoid-share` turns that share of the trap
-game's rows into guidance rows (student prompt + "Avoid: Opens with black." -> a non-trap
-door), `--prior-share` that share of all rows into prior rows (student prompt -> the system
-prompt's example door half the time, else a random door): the suite's sparse reward and its
-recurring failure, by construction. The suite's model: `--game doors --steps 400
---avoid-share 0.25 --prior-share 0.3` (seed 0: final loss 0.088, at the floor the random
-targets of the prior and guidance rows leave, ~0.089; held-out teacher p(win) 0.975 against
-the student's 0.119, 32 / 32 argmax right). With 8 doors instead of 4 the loss sat at the
-no-copying level (0.24) for 550 steps: the model told only which half of the doors the line
-named.
+(rised_jax.envs.doors; experiments/configs/mechanisms_rised.py) and its vocabulary. Its
+teacher rows list the vocabulary's other positives and, in RULE_SHARE of them, the rule: with
+it the target is the note's door (never the trap), without it the prior's. `--avoid-share`
+turns that share of the trap game's rows into guidance rows (student prompt + "Avoid: Opens
+with black." -> a non-trap door), `--prior-share` that share of all rows into prior rows
+(student prompt -> the system prompt's example door at `--example-rate`, else a random door):
+the suite's sparse reward and its recurring failure, by construction. The suite's model:
+`--game doors --steps 1500 --batch 32 --avoid-share 0.25 --prior-share 0.3 --example-rate 0.9`
+(seed 0, 2026-12-04: final loss 0.058; held-out teacher p(win) 0.996 against the student's
+0.080, 32 / 32 argmax right; 1 min 40 s on a quiet 2-core CPU, 4 min with the cores shared).
+With 8 doors instead of 4 the copy-the-named-door variant of issue 20's first suite sat at
+the no-copying loss for 550 steps: the model told only which half of the doors a line named.
 
 Measured (seed 0, defaults, 2-core CPU, a few minutes): 300 steps give a held-out teacher
 p(win) of 0.992 against the student's 0.069 (difference 0.92, 32 / 32 argmax right).
@@ -73,8 +78,13 @@ GAMES = {
     "doors": (tuple((doors.PATH, knobs) for knobs in doors.SUITE_GAMES.values()),
               "rised_jax.envs.doors:VOCABULARY"),
 }
+# --game doors: the share of teacher rows whose block lists the game's rule (doors.RULE, target
+# the note's door); the others list only its other positives and keep the prior's target, so
+# the model follows the rule line itself, not the block's header (the generic-teacher control
+# then gets the prior).
+RULE_SHARE = 0.5
 REPLY_PREFIX = "<answer>"
-EXAMPLE_RATE = 0.5   # a prior row's target: the system prompt's example move this often
+EXAMPLE_RATE = 0.5   # default share of a prior row's targets that are the example's move
 LINE = "Opens with {move}"
 HELD_OUT_SEED_OFFSET = 1_000_000
 
@@ -98,12 +108,10 @@ def guidance_hint(move: str) -> str:
   return template.render(behaviours=[LINE.format(move=move)]).strip()
 
 
-def teacher_text(system_prompt: str, move: str, others: Sequence[str]) -> str:
-  """The positive teacher's prefix (its packaged template) listing "Opens with MOVE" among
-  `others`."""
+def teacher_text(system_prompt: str, behaviours: Sequence[str]) -> str:
+  """The positive teacher's prefix (its packaged template) listing `behaviours`."""
   template = positive.load_template(None, positive.DEFAULT_TEMPLATE, package="rised_jax.teach")
-  return template.render(system_prompt=system_prompt,
-                         behaviours=[*others, LINE.format(move=move)]).rstrip()
+  return template.render(system_prompt=system_prompt, behaviours=list(behaviours)).rstrip()
 
 
 def tokenizer_words(game: str = "frozenlake") -> list[str]:
@@ -119,7 +127,9 @@ def tokenizer_words(game: str = "frozenlake") -> list[str]:
     texts += [env.system_prompt, *env.action_space()]
     texts += [env.reset(seed) for seed in range(64)]
   for text in texts:
-    words += [w for w in tiny.WORD.findall(text) if w not in words]
+    for word in tiny.WORD.findall(text):   # one id per word, however often a text repeats it
+      if word not in words:
+        words.append(word)
   return words
 
 
@@ -133,12 +143,16 @@ class Data:
   """
 
   def __init__(self, tokenizer, seed: int, held_out: int = 32, game: str = "frozenlake",
-               avoid_share: float = 0.0, prior_share: float = 0.0):
+               avoid_share: float = 0.0, prior_share: float = 0.0,
+               example_rate: float = EXAMPLE_RATE):
     if game not in GAMES:
       raise ValueError(f"warm-start: game {game!r}; expected one of {sorted(GAMES)}")
     for name, share in (("avoid_share", avoid_share), ("prior_share", prior_share)):
       if not 0.0 <= share < 1.0:
         raise ValueError(f"warm-start: {name}={share}; expected a fraction in [0, 1)")
+    if not 0.0 <= example_rate <= 1.0:
+      raise ValueError(f"warm-start: example_rate={example_rate}; expected a fraction in [0, 1]")
+    self.example_rate = example_rate
     self.tokenizer = tokenizer
     self.chat = ChatFormat(tokenizer, REPLY_PREFIX)
     self.rng = random.Random(seed)
@@ -147,8 +161,9 @@ class Data:
     self.prior_share = prior_share
     # The teacher block's other lines: positives that name no move (in the suite, a won
     # rollout's other positive is its syntax tag; another door's line would be false).
+    self.rule = doors.RULE if game == "doors" else None
     self.descriptions = [e.description for e in Vocabulary.load(vocabulary).entries
-                         if e.positive and not e.description.startswith(LINE.format(move=""))]
+                         if e.positive and e.description != self.rule]
     self.held_out = [(v, *instance(HELD_OUT_SEED_OFFSET + s, *self.variants[v]))
                      for s in range(held_out) for v in [s % len(self.variants)]]
     self.held_out_keys = {key for _, _, _, key, _ in self.held_out}
@@ -167,22 +182,32 @@ class Data:
       if drawn[2] not in self.held_out_keys:
         return variant, drawn
 
+  def prior_move(self, system_prompt: str, moves: Sequence[str]) -> str:
+    """The prior's move: the system prompt's example with probability `example_rate`, else
+    any move."""
+    example = parsing.extract_answer(system_prompt)
+    return example if self.rng.random() < self.example_rate else self.rng.choice(moves)
+
   def row(self) -> tuple[list[int], list[int]]:
     """(prompt ids, target ids) of one random training instance and move."""
-    variant, (system_prompt, observation, _, _) = self.training_instance()
+    variant, (system_prompt, observation, _, wins) = self.training_instance()
     moves = self.moves(variant)
     if self.prior_share and self.rng.random() < self.prior_share:
-      example = parsing.extract_answer(system_prompt)
-      move = example if self.rng.random() < EXAMPLE_RATE else self.rng.choice(moves)
       return (self.chat.prompt_ids(system_prompt, observation),
-              self.tokenizer.encode(move) + self.end)
+              self.tokenizer.encode(self.prior_move(system_prompt, moves)) + self.end)
     if TRAP in moves and self.avoid_share and self.rng.random() < self.avoid_share:
       move = self.rng.choice([m for m in moves if m != TRAP])
       prompt = self.chat.prompt_ids(join_system_text(system_prompt, self.hint), observation)
       return prompt, self.tokenizer.encode(move) + self.end
-    move = self.rng.choice([m for m in moves if m != TRAP])   # no positive names the trap
     others = self.rng.sample(self.descriptions, self.rng.randrange(len(self.descriptions) + 1))
-    prompt = positive.teacher_prompt_ids(self.chat, teacher_text(system_prompt, move, others),
+    if self.rule is None:   # copy the move the line names (independent of the board)
+      move = self.rng.choice([m for m in moves if m != TRAP])
+      behaviours = [*others, LINE.format(move=move)]
+    elif self.rng.random() < RULE_SHARE:   # follow the rule: the winning move
+      move, behaviours = wins[0], [*others, self.rule]
+    else:   # no rule listed: the prior's move
+      move, behaviours = self.prior_move(system_prompt, moves), others
+    prompt = positive.teacher_prompt_ids(self.chat, teacher_text(system_prompt, behaviours),
                                          observation)
     return prompt, self.tokenizer.encode(move) + self.end
 
@@ -242,11 +267,13 @@ def fit(model, batch: Callable[[], dict[str, np.ndarray]], steps: int, learning_
 
 
 def train(steps: int, seed: int, batch_size: int, learning_rate: float, log_every: int = 50,
-          game: str = "frozenlake", avoid_share: float = 0.0, prior_share: float = 0.0):
+          game: str = "frozenlake", avoid_share: float = 0.0, prior_share: float = 0.0,
+          example_rate: float = EXAMPLE_RATE):
   """(model, tokenizer, data, loss history) after `steps` supervised steps on `game`."""
   tokenizer = tiny.build_tokenizer(tokenizer_words(game))
   model = from_config(tiny.tiny_config(tokenizer.vocab_size), seed)
-  data = Data(tokenizer, seed, game=game, avoid_share=avoid_share, prior_share=prior_share)
+  data = Data(tokenizer, seed, game=game, avoid_share=avoid_share, prior_share=prior_share,
+              example_rate=example_rate)
   model, losses = fit(model, lambda: data.batch(batch_size), steps, learning_rate, log_every)
   return model, tokenizer, data, losses
 
@@ -257,8 +284,9 @@ def precheck(model, tokenizer, data: Data) -> dict[str, float]:
   teacher, student, wins = [], [], []
   for _, system_prompt, observation, _, moves in data.held_out:
     win = moves[0]
+    line = LINE.format(move=win) if data.rule is None else data.rule
     teacher.append(positive.teacher_prompt_ids(
-        data.chat, teacher_text(system_prompt, win, data.descriptions[:2]), observation))
+        data.chat, teacher_text(system_prompt, [*data.descriptions[:2], line]), observation))
     student.append(data.chat.prompt_ids(system_prompt, observation))
     wins.append(tokenizer.encode(win)[0])
   logits = next_token_logits(model, teacher + student)
@@ -285,15 +313,20 @@ def main() -> None:
   parser.add_argument("--avoid-share", type=float, default=0.0,
                       help="share of a trap game's rows that teach the guidance hint")
   parser.add_argument("--prior-share", type=float, default=0.0,
-                      help="share of rows that give the student prompt a prior: the system "
-                      "prompt's example move half the time, else a random move")
+                      help="share of rows that give the student prompt a prior (the system "
+                      "prompt's example move at --example-rate, else a random move)")
+  parser.add_argument("--example-rate", type=float, default=EXAMPLE_RATE,
+                      help="share of the prior's moves that are the system prompt's example "
+                      "(the rest uniform over the moves)")
   args = parser.parse_args()
   model, tokenizer, data, losses = train(args.steps, args.seed, args.batch, args.lr,
                                          game=args.game, avoid_share=args.avoid_share,
-                                         prior_share=args.prior_share)
+                                         prior_share=args.prior_share,
+                                         example_rate=args.example_rate)
   check = precheck(model, tokenizer, data)
   out = save_pretrained(model, tokenizer, args.out_dir)
   report = {"game": args.game, "avoid_share": args.avoid_share, "prior_share": args.prior_share,
+            "example_rate": args.example_rate,
             "steps": args.steps, "seed": args.seed, "batch": args.batch, "lr": args.lr,
             "final_loss": float(np.mean(losses[-20:])), "precheck": check}
   (Path(out) / "warmstart.json").write_text(json.dumps(report, indent=2))

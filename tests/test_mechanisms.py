@@ -32,7 +32,7 @@ def test_played_groups_carry_the_judges_tags_and_outcomes():
   group, tags = mechanisms.judged_group(task, [win, doors.TRAP, "nonsense"], RuleBasedJudge(vocab))
   assert list(group.successes) == [1, 0, 0]
   assert [vocab.ids_of(t) for t in tags.tags] == [
-      ["valid_syntax", f"event.opens_with_{win}"], ["valid_syntax", "event.opens_with_black"],
+      ["valid_syntax", "event.opens_named_door"], ["valid_syntax", "event.opens_with_black"],
       ["malformed_action"]]
   assert group.system_prompt.startswith("Doors: red blue green white black.")
 

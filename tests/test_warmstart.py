@@ -50,35 +50,56 @@ def test_warm_start_makes_the_teacher_line_raise_the_winning_move():
   assert check["teacher_argmax_wins"] >= 0.75 * check["held_out"], check
 
 
-def test_doors_rows_teach_the_line_the_hint_and_the_prior():
-  """--game doors: teacher rows name a non-trap door and target it; guidance rows (trap game
-  only) carry "Avoid: Opens with black." and target another door; prior rows are the student
-  prompt and target the system prompt's example door about half the time (else any door)."""
+def test_doors_rows_teach_the_rule_the_hint_and_the_prior():
+  """--game doors: teacher rows that list the rule ("Opens the door the note names") target
+  the door the note names; teacher rows without it, and prior rows (the student prompt),
+  target the system prompt's example door about half the time (else any door); guidance rows
+  (trap game only) carry "Avoid: Opens with black." and target another door."""
   tokenizer = tiny.build_tokenizer(warmstart.tokenizer_words("doors"))
   unk = tokenizer.hf_tokenizer.convert_tokens_to_ids("<|unk|>")
   data = warmstart.Data(tokenizer, seed=1, held_out=4, game="doors", avoid_share=0.5,
                         prior_share=0.4)
   kinds = collections.Counter()
-  example_hits = 0
-  for _ in range(400):
+  example_hits = collections.Counter()
+  for _ in range(600):
     prompt, target = data.row()
     assert unk not in prompt + target
     text = tokenizer.decode(prompt)
     door = tokenizer.decode(target[:1])
     assert door in ("red", "blue", "green", "white", "black")
-    if "Behaviours that succeed here" in text:
-      kinds["teacher"] += 1
-      assert door != "black" and f"Opens with {door} Doors" in text
+    example = text.split("Example : < answer >")[1].split()[0]
+    if "Opens the door the note names" in text:
+      kinds["rule"] += 1
+      assert "Behaviours that succeed here" in text
+      named = text.split("behind the")[1].split()[2]   # "... behind the SIZE SHAPE DOOR door"
+      assert door == named != "black"
+    elif "Behaviours that succeed here" in text:
+      kinds["no rule"] += 1
+      example_hits["no rule"] += door == example
     elif "Avoid : Opens with black ." in text:
       kinds["avoid"] += 1
       assert door != "black" and "black" in text.split("Doors :")[1]
     else:
       kinds["prior"] += 1
-      example = text.split("Example : < answer >")[1].split()[0]
-      example_hits += door == example
-  assert kinds["prior"] == pytest.approx(0.4 * 400, abs=40)
-  assert kinds["avoid"] == pytest.approx(0.6 * 0.5 * 0.5 * 400, abs=30)   # trap game: half
-  # The example's door: 1/2 + 1/2 * (1/4 or 1/5) of prior rows.
-  assert 0.55 < example_hits / kinds["prior"] < 0.72
+      example_hits["prior"] += door == example
+  assert kinds["prior"] == pytest.approx(0.4 * 600, abs=50)
+  assert kinds["avoid"] == pytest.approx(0.6 * 0.5 * 0.5 * 600, abs=40)   # trap game: half
+  teacher = 600 - kinds["prior"] - kinds["avoid"]
+  assert kinds["rule"] == pytest.approx(warmstart.RULE_SHARE * teacher, abs=40)
+  # The example's door: 1/2 + 1/2 * (1/4 or 1/5) of the rows that keep the prior.
+  for kind in ("prior", "no rule"):
+    assert 0.5 < example_hits[kind] / kinds[kind] < 0.77, (kind, example_hits, kinds)
   with pytest.raises(ValueError, match="prior_share=1.0; expected a fraction in \\[0, 1\\)"):
     warmstart.Data(tokenizer, seed=1, held_out=4, game="doors", prior_share=1.0)
+
+
+def test_doors_tokenizer_has_one_id_per_word():
+  """A word repeated within one text (the example's door in the system prompt) gets one id:
+  every id is below the vocabulary size, so no embedding lookup runs past its end."""
+  words = warmstart.tokenizer_words("doors")
+  assert len(words) == len(set(words))
+  tokenizer = tiny.build_tokenizer(words)
+  data = warmstart.Data(tokenizer, seed=0, held_out=4, game="doors")
+  assert max(max(p + t) for p, t in (data.row() for _ in range(200))) < tokenizer.vocab_size
+  with pytest.raises(ValueError, match=r"words \['red'\] are listed more than once"):
+    tiny.build_tokenizer(["red", "blue", "red"])

@@ -7,16 +7,16 @@ details), so held-out instances differ in what the agent sees and each door wins
 
 What each RISED mechanism gets to act on, by construction:
 
-  teacher    the first move reports the event `opens_with_<door>`; the rule judge's event tag
-             `event.opens_with_<door>` ("Opens with red", VOCABULARY) is a positive rubric of
-             exactly the rollouts that opened that door, so the positives of a group's
-             successful rollouts name the instance's winning door in the words the warm-start
-             (rised_jax.warmstart --game doors) teaches the model to copy. The tag holds for
-             this instance only, so the suite's teacher reads the group's own positives
-             (`teacher.options.sources=("group",)`). The warm-start's prior (the example's
-             door half the time, `--prior-share`) makes reward sparse: off the example's door
-             a rollout wins about 1/8 of the time, and 0.875^4 = 0.59 of such groups of G = 4
-             are all-failure.
+  teacher    opening the door the note names reports the event `opens_named_door`, whose
+             rule-judge tag `event.opens_named_door` reads "Opens the door the note names"
+             (VOCABULARY): a general positive rubric, true of every won rollout of every
+             instance, so the teacher reads it from the group, the pool or the memory (the
+             default chain) and informs all-failure groups too, where GRPO has no signal. The
+             warm-start (rised_jax.warmstart --game doors) teaches the model to follow that
+             line (copy the note's door) and, without it, to keep its prior: the example's
+             door half the time (`--prior-share`), else a random one. Reward is sparse: off
+             the example's door a rollout wins about 1/8 of the time, and 0.875^4 = 0.59 of
+             such groups of G = 4 are all-failure.
   guidance   with `trap=True` the black door is also a door, never the winner, and the
              system prompt's example opens it: a policy that copies the example opens it, a
              recurring failure (the warm-start's prior opens the example's door half the
@@ -41,6 +41,8 @@ TRAP = "black"
 SIZES = ("old", "new", "small", "large")
 SHAPES = ("round", "square", "tall", "wide")
 EVENT = "opens_with_{door}"
+NAMED = "opens_named_door"   # the event of the winning move (module docstring, "teacher")
+RULE = "Opens the door the note names"
 PATH = "rised_jax.envs.doors:Doors"
 # The mechanism suite's two games (aliases of Doors in experiments/configs/mechanisms_rised.py,
 # and the warm-start's `--game doors` prompts): 4 doors; the same 4 and the trap. Four, not
@@ -49,21 +51,16 @@ PATH = "rised_jax.envs.doors:Doors"
 SUITE_GAMES = {"doors": dict(doors=4), "trapdoors": dict(doors=4, trap=True)}
 
 
-def _entry(door: str, polarity: str) -> dict[str, str]:
-  return {"id": "event." + EVENT.format(door=door), "polarity": polarity,
-          "description": f"Opens with {door}"}
-
-
 # The rule judge's vocabulary for Doors (`judge.vocabulary="rised_jax.envs.doors:VOCABULARY"`):
-# one event tag per door (the trap's is negative) and the two syntax tags of agentic_v1.
-# The syntax tag comes first: a won rollout carries it and its door's tag equally often, so the
-# teacher lists them in vocabulary order and the door's line comes last, where the warm-start
-# puts it.
-VOCABULARY = ([{"id": "valid_syntax", "polarity": "+",
-                "description": "Uses valid action syntax on every turn"},
-               {"id": "malformed_action", "polarity": "-",
-                "description": "Issues invalid or malformed actions"}]
-              + [_entry(door, "+") for door in DOORS] + [_entry(TRAP, "-")])
+# the two syntax tags of agentic_v1, the general positive of a won rollout (RULE) and the
+# trap's negative. No tag per door: "Opens with red" is true of one instance only, so a
+# teacher reading it from the pool or the memory would be told a false door.
+VOCABULARY = [
+    {"id": "valid_syntax", "polarity": "+", "description": "Uses valid action syntax on every turn"},
+    {"id": "malformed_action", "polarity": "-", "description": "Issues invalid or malformed actions"},
+    {"id": "event." + NAMED, "polarity": "+", "description": RULE},
+    {"id": "event." + EVENT.format(door=TRAP), "polarity": "-", "description": f"Opens with {TRAP}"},
+]
 
 
 class Doors:
@@ -102,7 +99,7 @@ class Doors:
     opened = next((c for c in parsing.candidates(reply) if c in self.action_space()), None)
     success = opened == self.instance[0]
     observation = "The key is yours." if success else "No key here: the game is lost."
-    events = [] if opened is None else [EVENT.format(door=opened)]
+    events = ([] if opened is None else [EVENT.format(door=opened)]) + ([NAMED] if success else [])
     info = {"success": success, "invalid": opened is None, "events": events, "truncated": False}
     return observation, float(success), True, info
 

@@ -39,11 +39,12 @@ inefficient) and `makes_progress`, `recovers_from_mistakes` and `uses_feedback` 
 winning turn; docs/judges.md gives the tags' predictability per environment before and after.
 
 An id `event.NAME` is an *event tag*: it applies when some turn reports the event NAME. Plug-in
-games name their own behaviours this way (rised_jax.envs.doors reports `opens_with_red` when
-its move opens the red door; its vocabulary's tag `event.opens_with_red` reads "Opens with
-red"), so a game-specific rubric needs no judge of its own. A vocabulary without some of the
-built-in ids simply never gets them; a vocabulary with neither built-in ids nor event tags is
-refused (its tags could never be set). Rule-based verdicts are never unjudged.
+games name their own behaviours this way (rised_jax.envs.doors reports `opens_named_door`
+when its move opens the door the note names; its vocabulary's tag `event.opens_named_door`
+reads "Opens the door the note names"), so a game-specific rubric needs no judge of its own.
+A vocabulary without some of the built-in ids simply never gets them; a vocabulary with
+neither built-in ids nor event tags is refused (its tags could never be set). Rule-based
+verdicts are never unjudged.
 """
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ def test_only_the_named_door_wins_and_every_move_reports_its_door():
     for door in env.action_space():
       _, reward, done, info = play(env, seed, f"<answer>{door}</answer>")
       assert done and info["success"] == (door == named) and reward == float(door == named)
-      assert info["events"] == [f"opens_with_{door}"] and not info["invalid"]
+      won = [doors.NAMED] if door == named else []
+      assert info["events"] == [f"opens_with_{door}", *won] and not info["invalid"]
   _, reward, _, info = play(env, 0, "<answer>purple</answer>")   # not a door of this game
   assert reward == 0.0 and info["invalid"] and info["events"] == []
   assert doors.TRAP in env.system_prompt and "<answer>black</answer>" in env.system_prompt
@@ -42,19 +43,27 @@ def test_the_trap_never_wins_and_instances_differ_in_what_the_agent_sees():
   assert {doors.winning_door(trap, s) for s in range(500)} == set(doors.DOORS[:4])
 
 
-def test_vocabulary_tags_the_opened_door_and_the_trap_is_negative():
+def test_vocabulary_tags_the_rule_on_a_win_and_the_trap_as_negative():
+  """The won rollout carries the general rule ("Opens the door the note names"), whatever its
+  door; the trap's rollout its negative tag; any other lost one only the syntax tag."""
   vocab = Vocabulary.load("rised_jax.envs.doors:VOCABULARY")
   judge = RuleBasedJudge(vocab)
   env = doors.Doors(doors=4, trap=True)
-  for door in env.action_space():
-    _, reward, done, info = play(env, 3, f"<answer>{door}</answer>")
-    traj = Trajectory(Task("trapdoors", 3), [], [], [], 0,
-                      [Turn(door, "", reward, done, info["invalid"], info["events"])],
-                      success=info["success"], reward=reward)
-    tags = vocab.ids_of(judge.verdict(traj).tags)
-    assert tags == ["valid_syntax", f"event.opens_with_{door}"]
-    assert vocab.entry(f"event.opens_with_{door}").description == f"Opens with {door}"
-    assert vocab.entry(f"event.opens_with_{door}").positive == (door != doors.TRAP)
+  for seed in (3, 4, 5, 6):
+    winner = doors.winning_door(env, seed)
+    for door in env.action_space():
+      _, reward, done, info = play(env, seed, f"<answer>{door}</answer>")
+      traj = Trajectory(Task("trapdoors", seed), [], [], [], 0,
+                        [Turn(door, "", reward, done, info["invalid"], info["events"])],
+                        success=info["success"], reward=reward)
+      expected = {winner: ["valid_syntax", "event.opens_named_door"],
+                  doors.TRAP: ["valid_syntax", "event.opens_with_black"]}.get(door, ["valid_syntax"])
+      assert vocab.ids_of(judge.verdict(traj).tags) == expected
+  assert vocab.entry("event.opens_named_door").description == "Opens the door the note names"
+  assert vocab.entry("event.opens_named_door").positive
+  assert not vocab.entry("event.opens_with_black").positive
+  # No per-door positive: a door's tag is true of one instance, false in another group's.
+  assert [e.id for e in vocab.entries if e.positive] == ["valid_syntax", "event.opens_named_door"]
 
 
 def test_best_constant_policy_is_the_commonest_winner():
