@@ -36,7 +36,7 @@ with black." -> a non-trap door), `--prior-share` that share of all rows into pr
 the suite's sparse reward and its recurring failure, by construction. The suite's model:
 `--game doors --steps 1500 --batch 32 --avoid-share 0.25 --prior-share 0.3 --example-rate 0.9`
 (seed 0, 2026-12-04: final loss 0.058; held-out teacher p(win) 0.996 against the student's
-0.080, 32 / 32 argmax right; 1 min 40 s on a quiet 2-core CPU, 4 min with the cores shared).
+0.080, 32 / 32 argmax right; 2 min on a quiet 2-core CPU, 4 min with the cores shared).
 With 8 doors instead of 4 the copy-the-named-door variant of issue 20's first suite sat at
 the no-copying loss for 550 steps: the model told only which half of the doors a line named.
 

@@ -14,9 +14,10 @@ What each RISED mechanism gets to act on, by construction:
              default chain) and informs all-failure groups too, where GRPO has no signal. The
              warm-start (rised_jax.warmstart --game doors) teaches the model to follow that
              line (copy the note's door) and, without it, to keep its prior: the example's
-             door half the time (`--prior-share`), else a random one. Reward is sparse: off
-             the example's door a rollout wins about 1/8 of the time, and 0.875^4 = 0.59 of
-             such groups of G = 4 are all-failure.
+             door 9 times in 10 (`--prior-share`, `--example-rate 0.9`), else a random one.
+             Reward is sparse: off the example's door a rollout wins about 1/40 of the time,
+             so 0.975^4 = 0.90 of such groups of G = 4 are all-failure (the pre-check
+             measures 0.75 over all held-out instances).
   guidance   with `trap=True` the black door is also a door, never the winner, and the
              system prompt's example opens it: a policy that copies the example opens it, a
              recurring failure (the warm-start's prior opens the example's door half the
