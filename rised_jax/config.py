@@ -27,6 +27,9 @@ Controls (docs/ALGORITHMS.md §2; what a reviewer asks of a RISED result):
   rised_generic_teacher  rised              generic  on        teacher without rubric content
   rised_hint_no_iw       rised              on       on        step.behaviour_weight=False: w_t = 1
   grpo_matched           uniform, B = K     off      off       GRPO on RISED's rollout budget
+  rised_select_only      rised              off      off       RISED's selection alone: against
+                                                               rised_no_teacher, guidance's effect
+                                                               without a teacher
 
 Rollouts per step: every preset rolls out select.pool_groups (K) groups of G, except grpo,
 which rolls out B (its pool is its batch). grpo_matched rolls out K like RISED and trains on
@@ -230,6 +233,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                          "guidance.enabled": True, "step.behaviour_weight": False},
     "grpo_matched": {"select.name": "uniform", "select.compute_matched": True,
                      "teacher.enabled": False, "guidance.enabled": False},
+    "rised_select_only": {"select.name": "rised", "teacher.enabled": False,
+                          "guidance.enabled": False},
 }
 
 # CriPO's stated settings (docs/ALGORITHMS.md §3); step.beta keeps the config's value (paper:

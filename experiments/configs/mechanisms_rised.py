@@ -10,6 +10,9 @@ the guidance and the selection each have something to act on, by construction.
   rised-compare --config experiments/configs/mechanisms_rised.py:setting=suite \
       --workdir runs/mech_rised --seeds 0,1,2,3,4 --jobs 2 --presets \
       rised,rised_no_teacher,grpo,rised_no_guidance,rised_no_select,grpo_matched,rised_generic_teacher
+  rised-compare --config experiments/configs/mechanisms_rised.py:setting=guidance \
+      --workdir runs/mech_guidance --seeds 0,1,2,3,4,5,6 --jobs 2 \
+      --presets rised_no_teacher,rised_select_only
   (docs/rised.md, "Mechanism suite", has what ran and the results.)
 
 Argument (rised_jax.config_args): "PRESET[,SETTING]". SETTING:
