@@ -3,11 +3,11 @@
   python -m rised_jax.mechanisms precheck --model runs/doors_model [--out precheck.json]
 
 Each line says whether a mechanism has something to act on with the warm-started model
-(`python -m rised_jax.warmstart runs/doors_model --game doors ...`, the suite config's recipe), measured on
-the held-out instances of the suite's games (rised_jax.envs.doors; the seeds the evaluation
-uses, `evaluate.eval_instances`). Replies are one door token after the reply prefix, so the
-probability of a door's token is exactly the frequency with which rollouts at temperature 1
-open it.
+(`python -m rised_jax.warmstart runs/doors_model --game doors ...`, the suite config's
+recipe), measured on the held-out instances of the suite's games (rised_jax.envs.doors; the
+seeds the evaluation uses, `evaluate.eval_instances`). Replies are one door token after the
+reply prefix, so the probability of a door's token is exactly the frequency with which
+rollouts at temperature 1 open it.
 
   constant   per game, the pass rate of the best constant policy (one door for every
              instance): what a learning claim must beat.

@@ -20,8 +20,8 @@ What each RISED mechanism gets to act on, by construction:
              measures 0.75 over all held-out instances).
   guidance   with `trap=True` the black door is also a door, never the winner, and the
              system prompt's example opens it: a policy that copies the example opens it, a
-             recurring failure (the warm-start's prior opens the example's door half the
-             time) whose negative tag `event.opens_with_black` reads "Opens with black" (hint:
+             recurring failure (the warm-start's prior opens the example's door 9 times in
+             10) whose negative tag `event.opens_with_black` reads "Opens with black" (hint:
              "Avoid: Opens with black.").
   selection  the two games (aliases in the suite config) are learned at different rates
              (the example's door wins a quarter of `doors` and none of `trapdoors`), so which
@@ -57,10 +57,13 @@ SUITE_GAMES = {"doors": dict(doors=4), "trapdoors": dict(doors=4, trap=True)}
 # trap's negative. No tag per door: "Opens with red" is true of one instance only, so a
 # teacher reading it from the pool or the memory would be told a false door.
 VOCABULARY = [
-    {"id": "valid_syntax", "polarity": "+", "description": "Uses valid action syntax on every turn"},
-    {"id": "malformed_action", "polarity": "-", "description": "Issues invalid or malformed actions"},
+    {"id": "valid_syntax", "polarity": "+",
+     "description": "Uses valid action syntax on every turn"},
+    {"id": "malformed_action", "polarity": "-",
+     "description": "Issues invalid or malformed actions"},
     {"id": "event." + NAMED, "polarity": "+", "description": RULE},
-    {"id": "event." + EVENT.format(door=TRAP), "polarity": "-", "description": f"Opens with {TRAP}"},
+    {"id": "event." + EVENT.format(door=TRAP), "polarity": "-",
+     "description": f"Opens with {TRAP}"},
 ]
 
 

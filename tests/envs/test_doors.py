@@ -57,7 +57,8 @@ def test_vocabulary_tags_the_rule_on_a_win_and_the_trap_as_negative():
                         [Turn(door, "", reward, done, info["invalid"], info["events"])],
                         success=info["success"], reward=reward)
       expected = {winner: ["valid_syntax", "event.opens_named_door"],
-                  doors.TRAP: ["valid_syntax", "event.opens_with_black"]}.get(door, ["valid_syntax"])
+                  doors.TRAP: ["valid_syntax", "event.opens_with_black"]}.get(door,
+                                                                              ["valid_syntax"])
       assert vocab.ids_of(judge.verdict(traj).tags) == expected
   assert vocab.entry("event.opens_named_door").description == "Opens the door the note names"
   assert vocab.entry("event.opens_named_door").positive
