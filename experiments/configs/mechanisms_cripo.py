@@ -12,9 +12,9 @@ list), -4 uses more than three words; reward normaliser "positive" (Z = 5), so
 "<first> <second> please" scores 1. The model is the tiny one after `rised_jax.warmstart_cripo`
 (trained to answer one or two random listed words, never "please"; measured, it spreads its
 first word over the whole pool and samples "please" now and then; the pre-checks it prints say
-how far it reads each teacher context). Unexplored criteria: "please" (no group of any run's first
-step has a rollout saying it; over 15 steps grpo_rubric finds it in 7-48 % of its groups,
-cripo in 47-64 %), the first word where no rollout names it; suppressed: the second word in
+how far it reads each teacher context: both hold after its default 5000 steps). Unexplored
+criteria: "please" (on the first suite's 800-step model no group of any run's first step had
+a rollout saying it), the first word where no rollout names it; suppressed: the second word in
 groups where first-word answers dominate. Reference scores on the held-out tasks (word_choice.trivial_scores):
 best prompt-blind answer 0.378, the warm-started behaviour (uniform over the list) 0.300, the
 rule 1.0. docs/cripo.md "Mechanism suite" has the measured comparison.
