@@ -36,7 +36,7 @@ with black." -> a non-trap door), `--prior-share` that share of all rows into pr
 the suite's sparse reward and its recurring failure, by construction. The suite's model:
 `--game doors --steps 1500 --batch 32 --avoid-share 0.25 --prior-share 0.3 --example-rate 0.9`
 (seed 0, 2026-12-04: final loss 0.058; held-out teacher p(win) 0.996 against the student's
-0.080, 32 / 32 argmax right; 2 min on a quiet 2-core CPU, 4 min with the cores shared).
+0.080, 32 / 32 argmax right; 2 min 33 s with the other core busy).
 With 8 doors instead of 4 the copy-the-named-door variant of issue 20's first suite sat at
 the no-copying loss for 550 steps: the model told only which half of the doors a line named.
 
@@ -48,6 +48,7 @@ OUT_DIR is an HF checkpoint (`from_pretrained(OUT_DIR)`, `--config.model.source=
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 from pathlib import Path
@@ -55,6 +56,7 @@ from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import jinja2
 import numpy as np
 import optax
 from flax import nnx
@@ -93,9 +95,9 @@ def instance(seed: int, env_name: str = ENV, difficulty=DIFFICULTY):
   """(system prompt, first observation, instance key, winning moves) of one instance."""
   env = envs.make(env_name, **difficulty)
   observation = env.reset(seed)
+  probe = envs.make(env_name, **difficulty)   # reset before each move: one fresh game a move
   wins = []
   for move in env.action_space():
-    probe = envs.make(env_name, **difficulty)
     probe.reset(seed)
     if probe.step(envs.format_answer(move))[3]["success"]:
       wins.append(move)
@@ -108,10 +110,17 @@ def guidance_hint(move: str) -> str:
   return template.render(behaviours=[LINE.format(move=move)]).strip()
 
 
+@functools.cache
+def _teacher_template() -> jinja2.Template:
+  """The positive teacher's packaged template, compiled once (a compile per row was half the
+  warm-start's data time)."""
+  return positive.load_template(None, positive.DEFAULT_TEMPLATE, package="rised_jax.teach")
+
+
 def teacher_text(system_prompt: str, behaviours: Sequence[str]) -> str:
   """The positive teacher's prefix (its packaged template) listing `behaviours`."""
-  template = positive.load_template(None, positive.DEFAULT_TEMPLATE, package="rised_jax.teach")
-  return template.render(system_prompt=system_prompt, behaviours=list(behaviours)).rstrip()
+  return _teacher_template().render(system_prompt=system_prompt,
+                                    behaviours=list(behaviours)).rstrip()
 
 
 def tokenizer_words(game: str = "frozenlake") -> list[str]:
