@@ -103,3 +103,23 @@ def test_doors_tokenizer_has_one_id_per_word():
   assert max(max(p + t) for p, t in (data.row() for _ in range(200))) < tokenizer.vocab_size
   with pytest.raises(ValueError, match=r"words \['red'\] are listed more than once"):
     tiny.build_tokenizer(["red", "blue", "red"])
+
+
+def test_example_rate_sets_how_often_the_prior_opens_the_example_door():
+  """--example-rate: prior rows target the example's door with probability rate + (1 - rate)
+  / doors (the uniform rest may pick it too); a rate outside [0, 1] is refused by name."""
+  tokenizer = tiny.build_tokenizer(warmstart.tokenizer_words("doors"))
+  data = warmstart.Data(tokenizer, seed=2, held_out=4, game="doors", prior_share=0.99,
+                        example_rate=0.9)
+  hits = total = 0
+  for _ in range(800):
+    prompt, target = data.row()
+    text = tokenizer.decode(prompt)
+    if "Behaviours that succeed here" in text or "Avoid :" in text:
+      continue
+    total += 1
+    hits += tokenizer.decode(target[:1]) == text.split("Example : < answer >")[1].split()[0]
+  # 0.9 + 0.1 / 4 (doors) or 0.9 + 0.1 / 5 (trapdoors), about 0.92: 3 sigma is about 0.03.
+  assert total > 700 and 0.88 < hits / total < 0.96, (hits, total)
+  with pytest.raises(ValueError, match=r"example_rate=1.5; expected a fraction in \[0, 1\]"):
+    warmstart.Data(tokenizer, seed=2, held_out=4, game="doors", example_rate=1.5)
