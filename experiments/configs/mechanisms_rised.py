@@ -71,10 +71,12 @@ def get_config(arg: str | None = None):
   c.select.pool_groups = 32   # K = 4B, as every RISED config
   c.select.batch_groups = 8
   c.guidance.options = dict(rate=0.3, threshold=mechanisms.GUIDANCE_THRESHOLD, top_m=2)
-  c.step.beta = 0.2   # at 1.0 the student went near-deterministic in 5 steps (entropy 0.17), which ended its exploration
-  # The warm-started weights teach: with the live teacher (the policy's own weights under the
-  # teacher prompt) RL on the student prompts wore away the copying within 12 steps (teacher
-  # valid-action mass 0.97 -> 0.02) and the student followed it onto "/".
+  # Both measured on the first suite (2026-12-02, per-door rubrics; docs/rised.md): at beta
+  # 1.0 the student went near-deterministic in 5 steps (entropy 0.17), ending its exploration;
+  # with the live teacher (the policy's own weights under the teacher prompt) RL on the
+  # student prompts wore away the copying within 12 steps (teacher valid-action mass
+  # 0.97 -> 0.02) and the student followed it onto "/". So the warm-started weights teach.
+  c.step.beta = 0.2
   c.step.teacher = "frozen"
   c.step.chunk = 128
   c.batching.prefix_multiple = 64
