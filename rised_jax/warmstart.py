@@ -48,7 +48,6 @@ OUT_DIR is an HF checkpoint (`from_pretrained(OUT_DIR)`, `--config.model.source=
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import random
 from pathlib import Path
@@ -56,7 +55,6 @@ from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import jinja2
 import numpy as np
 import optax
 from flax import nnx
@@ -110,17 +108,10 @@ def guidance_hint(move: str) -> str:
   return template.render(behaviours=[LINE.format(move=move)]).strip()
 
 
-@functools.cache
-def _teacher_template() -> jinja2.Template:
-  """The positive teacher's packaged template, compiled once (a compile per row was half the
-  warm-start's data time)."""
-  return positive.load_template(None, positive.DEFAULT_TEMPLATE, package="rised_jax.teach")
-
-
 def teacher_text(system_prompt: str, behaviours: Sequence[str]) -> str:
   """The positive teacher's prefix (its packaged template) listing `behaviours`."""
-  return _teacher_template().render(system_prompt=system_prompt,
-                                    behaviours=list(behaviours)).rstrip()
+  template = positive.load_template(None, positive.DEFAULT_TEMPLATE, package="rised_jax.teach")
+  return template.render(system_prompt=system_prompt, behaviours=list(behaviours)).rstrip()
 
 
 def tokenizer_words(game: str = "frozenlake") -> list[str]:

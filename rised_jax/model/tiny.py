@@ -16,6 +16,7 @@ loads it.
 from __future__ import annotations
 
 import argparse
+import collections
 import re
 from pathlib import Path
 from typing import Sequence
@@ -70,7 +71,7 @@ def rubric_words(vocabularies: Sequence[str] = BUILTIN_VOCABULARIES) -> list[str
 def build_tokenizer(words: Sequence[str]) -> Tokenizer:
   # A repeated word would take two ids, the vocabulary would hold fewer entries than the
   # largest id, and the embedding lookup past its end would read NaN.
-  repeated = sorted({w for w in words if words.count(w) > 1})
+  repeated = sorted(w for w, n in collections.Counter(words).items() if n > 1)
   if repeated:
     raise ValueError(f"tiny tokenizer: words {repeated} are listed more than once; expected "
                      "each word once")

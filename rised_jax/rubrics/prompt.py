@@ -13,6 +13,7 @@ kept, with a marker for the turns in between.
 """
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import os
 from typing import Callable
@@ -27,15 +28,23 @@ DEFAULT_TEMPLATE = "judge_prompt.jinja"
 
 def load_template(path: str | os.PathLike[str] | None, default_name: str,
                   package: str = "rised_jax.rubrics") -> jinja2.Template:
-  """Compiles a Jinja template from `path`, or the packaged `data/<default_name>`."""
+  """Compiles a Jinja template from `path`, or the packaged `data/<default_name>` (compiled
+  once per process: callers that render per row need not keep it)."""
   if path is None:
-    source = (importlib.resources.files(package) / "data" / default_name).read_text("utf-8")
-    origin = f"{package}/data/{default_name}"
-  else:
-    if not os.path.isfile(path):
-      raise FileNotFoundError(f"template {os.fspath(path)!r}: no such file")
-    with open(path, encoding="utf-8") as f:
-      source, origin = f.read(), os.fspath(path)
+    return _packaged_template(package, default_name)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"template {os.fspath(path)!r}: no such file")
+  with open(path, encoding="utf-8") as f:
+    return _compile(f.read(), os.fspath(path))
+
+
+@functools.cache
+def _packaged_template(package: str, name: str) -> jinja2.Template:
+  source = (importlib.resources.files(package) / "data" / name).read_text("utf-8")
+  return _compile(source, f"{package}/data/{name}")
+
+
+def _compile(source: str, origin: str) -> jinja2.Template:
   # StrictUndefined: a template naming a variable we do not pass fails loudly, not silently.
   env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                            autoescape=False)
