@@ -78,6 +78,20 @@ class KVCache(NamedTuple):
   valid: jax.Array      # [B, S] bool, the slot holds a real (non-padding) token
 
 
+class LayerCache(NamedTuple):
+  """Layer `index`'s view of the stacked keys and values [L, B, S, KVH, hd].
+
+  The layer writes its new columns into the stack and attends over its own slice. Passing
+  the whole stack (rather than a slice in, a slice out and a re-stack) lets XLA update the
+  cache in place inside the decode loop, where copying it cost more than the rest of a
+  small model's decode step (docs/performance.md).
+  """
+
+  k: jax.Array
+  v: jax.Array
+  index: jax.Array | int
+
+
 # ---------------------------------------------------------------------------------------------
 # Pure array functions.
 
@@ -394,13 +408,12 @@ class Attention(nnx.Module):
     self.dtype = dtype
 
   def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-               kv: tuple[jax.Array, jax.Array] | None = None,
-               cache_index: jax.Array | None = None
-               ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """x [B, T, D] -> ([B, T, D], (keys, values) attended to).
+               kv: LayerCache | None = None, cache_index: jax.Array | None = None
+               ) -> tuple[jax.Array, LayerCache | None]:
+    """x [B, T, D] -> ([B, T, D], the updated cache: None without one).
 
-    With `kv` (one layer's cache [B, S, KVH, hd]) the new keys/values are written at slots
-    cache_index.. and the queries attend over the whole cache.
+    With `kv` the new keys/values are written at slots cache_index.. of this layer's part of
+    the stack and the queries attend over the layer's whole cache.
     """
     # [B, T, D] -> [B, T, N, hd] through the [D, N, hd] kernels.
     q = _dense(x, self.q_proj, self.q_bias if self.qkv_bias else None, self.dtype)
@@ -413,12 +426,14 @@ class Attention(nnx.Module):
       # Full sequence: the mask is causal over these T slots, so later keys can be skipped.
       out = causal_block_attention(q, k, v, mask, scale=self.scale, softcap=self.softcap)
     else:
-      start = (0, cache_index, 0, 0)
-      k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), start)
-      v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), start)
+      start = (kv.index, 0, cache_index, 0, 0)
+      kv = LayerCache(jax.lax.dynamic_update_slice(kv.k, k[None].astype(kv.k.dtype), start),
+                      jax.lax.dynamic_update_slice(kv.v, v[None].astype(kv.v.dtype), start),
+                      kv.index)
+      k, v = (jax.lax.dynamic_index_in_dim(a, kv.index, keepdims=False) for a in (kv.k, kv.v))
       out = attention(q, k.astype(self.dtype), v.astype(self.dtype), mask, scale=self.scale,
                       softcap=self.softcap)
-    return _dense(out, self.o_proj, self.o_bias, self.dtype, in_dims=2), (k, v)
+    return _dense(out, self.o_proj, self.o_bias, self.dtype, in_dims=2), kv
 
 
 class MLP(nnx.Module):
@@ -461,9 +476,8 @@ class DecoderLayer(nnx.Module):
     self.sandwich = cfg.sandwich_norms
 
   def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-               kv: tuple[jax.Array, jax.Array] | None = None,
-               cache_index: jax.Array | None = None
-               ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+               kv: LayerCache | None = None, cache_index: jax.Array | None = None
+               ) -> tuple[jax.Array, LayerCache | None]:
     attn_out, kv = self.attn(self.pre_attn_norm(x), cos, sin, mask, kv, cache_index)
     if self.sandwich:
       attn_out = self.post_attn_norm(attn_out)
@@ -512,25 +526,29 @@ def _scan_layers(layers: DecoderLayer, x: jax.Array, tables: list[tuple[jax.Arra
 
   Layer i uses RoPE tables tables[rope_of[i]] and mask masks[window_of[i]] (Gemma 3 mixes
   local and global layers), picked inside the body by index. kv: the cache's keys and values
-  [L, B, S, KVH, hd], scanned with the layers; returns the updated ones (None without a cache).
-  With `remat`, each layer's body is rematerialised (`jax.checkpoint`) in the backward pass.
+  [L, B, S, KVH, hd], carried whole through the scan (each layer writes its own columns in
+  place); returns the updated ones (None without a cache). With `remat`, each layer's body is
+  rematerialised (`jax.checkpoint`) in the backward pass.
   """
   graphdef, params = nnx.split(layers)
   cos = jnp.stack([c for c, _ in tables])
   sin = jnp.stack([s for _, s in tables])
   mask = jnp.stack(masks)
 
-  def body(x, per_layer):
-    layer_params, rope, window, layer_kv = per_layer
+  def body(carry, per_layer):
+    x, kv = carry
+    layer_params, rope, window, index = per_layer
     layer = nnx.merge(graphdef, layer_params)
-    x, new_kv = layer(x, _pick(cos, rope), _pick(sin, rope), _pick(mask, window), layer_kv,
-                      cache_index)
-    return x, (None if layer_kv is None else new_kv)
+    x, layer_kv = layer(x, _pick(cos, rope), _pick(sin, rope), _pick(mask, window),
+                        None if kv is None else LayerCache(*kv, index), cache_index)
+    return (x, None if kv is None else (layer_kv.k, layer_kv.v)), None
 
   if remat:
     body = jax.checkpoint(body, prevent_cse=False)   # prevent_cse is not needed in a scan
-  return jax.lax.scan(body, x, (params, jnp.asarray(rope_of, jnp.int32),
-                                jnp.asarray(window_of, jnp.int32), kv))
+  (x, kv), _ = jax.lax.scan(body, (x, kv), (params, jnp.asarray(rope_of, jnp.int32),
+                                            jnp.asarray(window_of, jnp.int32),
+                                            jnp.arange(len(rope_of), dtype=jnp.int32)))
+  return x, kv
 
 
 class Decoder(nnx.Module):
@@ -604,15 +622,11 @@ class Decoder(nnx.Module):
                                cache_index, remat)
       return self.final_norm(x), new_kv
     layer_fn = nnx.remat(_run_layer) if remat else _run_layer
-    keys, values = [], []
     for i, layer in enumerate(self.layers):
-      layer_kv = None if kv is None else (kv[0][i], kv[1][i])
-      x, (k, v) = layer_fn(layer, x, *tables[rope_of[i]], masks[window_of[i]], layer_kv,
-                           cache_index)
-      keys.append(k)
-      values.append(v)
-    new_kv = None if kv is None else (jnp.stack(keys), jnp.stack(values))
-    return self.final_norm(x), new_kv
+      x, layer_kv = layer_fn(layer, x, *tables[rope_of[i]], masks[window_of[i]],
+                             None if kv is None else LayerCache(*kv, i), cache_index)
+      kv = None if kv is None else (layer_kv.k, layer_kv.v)
+    return self.final_norm(x), kv
 
   def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
                     positions: jax.Array | None = None) -> jax.Array:

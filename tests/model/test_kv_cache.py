@@ -121,3 +121,34 @@ def test_bfloat16_cache_stays_close():
   np.testing.assert_allclose(np.asarray(logits)[real], reference[real], atol=0.05, rtol=0)
   assert jax.tree.map(lambda x: x.shape, cache) == jax.tree.map(
       lambda x: x.shape, model.init_cache(2, 8))
+
+
+@pytest.mark.parametrize("scan_layers", [False, True], ids=["unrolled", "scanned"])
+def test_decode_loop_updates_the_cache_in_place(scan_layers):
+  """Inside a decode loop no instruction copies as much as one layer's keys: each layer writes
+  its column into the stacked cache in place. (Slicing a layer out, writing into the copy and
+  re-stacking copied the whole cache two to three times per step.)"""
+  cfg = ModelConfig.from_hf(mu.TINY_CONFIGS["qwen3_untied"])
+  model = mu.random_decoder(cfg, seed=7, scan_layers=scan_layers)
+  graphdef, state = nnx.split(model)
+  rows, slots = 4, 64
+  cache = model.init_cache(rows, slots)
+  layer_elements = rows * slots * cfg.num_kv_heads * cfg.head_dim
+
+  @jax.jit
+  def decode(state, cache):
+    def body(i, carry):
+      cache, token = carry
+      logits, cache = nnx.merge(graphdef, state).forward_with_cache(
+          token[:, None], jnp.ones((rows, 1), jnp.int32), cache, i)
+      return cache, jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+    return jax.lax.fori_loop(0, slots, body, (cache, jnp.zeros((rows,), jnp.int32)))
+
+  text = decode.lower(state, cache).compile().as_text()
+  loop_bodies = [b for b in text.split("\n\n") if "region" in b.split("\n", 1)[0]
+                 or "body" in b.split("\n", 1)[0]]
+  copies = [line for body in loop_bodies for line in body.split("\n") if " copy(" in line]
+  big = [line for line in copies
+         if np.prod([int(d) for d in line.split("[", 1)[1].split("]", 1)[0].split(",") if d])
+         >= layer_elements]
+  assert loop_bodies and not big, big
