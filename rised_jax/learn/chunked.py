@@ -120,6 +120,8 @@ def _scan_chunks(chunk_fn: Callable[..., dict[str, Array]], rows: Sequence[Array
   computed (module docstring); every other output is 0.
   """
   predicted = targets.shape[1] - 1
+  # A chunk wider than the row would only project padding through the vocabulary head.
+  chunk = min(chunk, predicted)
   num_chunks = -(-predicted // chunk)
   columns = (targets[:, 1:], *(None if r is None else r[:, :-1] for r in rows))
   if positions is not None:
