@@ -21,6 +21,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import resource
 import sys
 import time
@@ -127,18 +128,67 @@ def measure_copy_bandwidth(mib: int, repeats: int) -> float:
   return 2 * x.nbytes / best_time(lambda: copy(x), repeats)
 
 
+# Instructions of a compiled loop body that launch no kernel of their own.
+_NOT_KERNELS = ("parameter", "get-tuple-element", "tuple", "bitcast", "constant")
+
+
+def while_body_kernels(hlo_text: str) -> int:
+  """Kernels launched per iteration of the largest `while` body of an optimized HLO module:
+  its instructions other than parameters, tuples, bitcasts and constants (each fusion, dot,
+  copy or custom call is one thunk of XLA:CPU's runtime)."""
+  counts = []
+  for body in re.findall(r"\n(%\S+ \([^\n]*\{\n.*?\n\})", hlo_text, flags=re.S):
+    name = body.split(" ", 1)[0]
+    if not re.search(rf"while\([^\n]*body={re.escape(name)}\b", hlo_text):
+      continue
+    ops = re.findall(r"^\s+(?:ROOT )?%\S+ = \S+(?: \S+)*? ([a-z][a-z\-]*)\(", body, flags=re.M)
+    counts.append(sum(op not in _NOT_KERNELS for op in ops))
+  if not counts:
+    raise ValueError("while_body_kernels: the module has no while loop")
+  return max(counts)
+
+
+def measure_kernel_cost(steps: int = 200, repeats: int = 5) -> dict[str, float]:
+  """Seconds per kernel launched inside a compiled loop: two `fori_loop`s whose bodies chain
+  8 and 32 tiny dependent [8, 8] matmul + tanh pairs (no compute to speak of), timed; the
+  cost is the time difference over the difference in kernels launched. A small model's
+  decode step is bound by this, not by bandwidth, when kernels × cost ≈ its time."""
+  def chain(pairs: int):
+    def run(x, w):
+      def body(_, x):
+        for _ in range(pairs):
+          x = jnp.tanh(x @ w)
+        return x
+      return jax.lax.fori_loop(0, steps, body, x)
+    return jax.jit(run)
+
+  x, w = jnp.full((8, 8), 0.1, jnp.float32), jnp.eye(8, dtype=jnp.float32)
+  seconds, kernels = {}, {}
+  for pairs in (8, 32):
+    fn = chain(pairs)
+    kernels[pairs] = while_body_kernels(fn.lower(x, w).compile().as_text())
+    fn(x, w).block_until_ready()
+    seconds[pairs] = best_time(lambda: fn(x, w), repeats)
+  per_kernel = (seconds[32] - seconds[8]) / ((kernels[32] - kernels[8]) * steps)
+  return {"seconds_per_kernel": per_kernel, "kernels_per_iteration": kernels,
+          "loop_seconds": seconds, "steps": steps}
+
+
 def probe_machine(matmul_size: int = 1024, matmul_seconds: float = 1.0,
                   bandwidth_mib: int = 256, repeats: int = 5) -> dict[str, Any]:
   """The machine's limits, measured in this process before the benchmark runs: the fp32
   [size²] matmul rate (`flops.measure_matmul_rate`), the read and copy bandwidth of a
-  `bandwidth_mib` MiB array (larger than the caches), and the load average before them."""
+  `bandwidth_mib` MiB array (larger than the caches), the cost of one kernel launched inside
+  a compiled loop (`measure_kernel_cost`), and the load average before them."""
   load_before = list(os.getloadavg())
   matmul = measure_matmul_rate(matmul_size, matmul_seconds)
+  kernel = measure_kernel_cost()
   return {"load_average_before": load_before, "matmul": matmul,
           "matmul_flops_per_s": matmul["flops_per_s"],
           "read_bytes_per_s": measure_bandwidth(bandwidth_mib, repeats),
           "copy_bytes_per_s": measure_copy_bandwidth(bandwidth_mib, repeats),
-          "bandwidth_array_mib": bandwidth_mib}
+          "bandwidth_array_mib": bandwidth_mib, "kernel": kernel,
+          "seconds_per_kernel": kernel["seconds_per_kernel"]}
 
 
 def machine_record(limits: dict[str, Any]) -> dict[str, Any]:

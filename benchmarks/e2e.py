@@ -35,7 +35,9 @@ machine's limits are probed in this process first (`common.probe_machine`: fp32 
 read bandwidth, load average before; the load after is recorded too), and each part's stages
 are given as fractions of them (`limit_fraction`): the rollout's decode against the
 bandwidth bound (`flops.decode_read_bytes`: weights + the filled KV cache read per decode
-step), the step's model FLOPs (`flops.train_step_flops`) against the matmul rate. The agentic
+step), and against the kernel-launch bound (our decode loop's kernels per step, counted in
+its compiled program, × the probed cost of one launch), the step's model FLOPs
+(`flops.train_step_flops`) against the matmul rate. The agentic
 step reports its MFU (model FLOPs with the vocabulary head over the columns the loss reads,
 as the step runs it, over its compile-free time, against the probed rate; the trainer's
 padded-batch count is beside it) and trained tokens per second of that time. On a shared 2-core
@@ -101,7 +103,14 @@ def single_turn_limits(part: dict[str, Any], args: argparse.Namespace,
   step = common.train_step_flops(cfg, rows, args.prompt_len + args.completion_len)["total"]
   stages = part["stage_s"]
   update = stages["step"] if "step" in stages else stages["update"]
-  return {"decode_read_bytes": decode, "step_model_flops": step,
+  dispatch = {}
+  if "decode_kernels_per_step" in part:   # ours: the kernels its decode loop launches
+    # Token 0 comes from the prefill; each later token is one decode step.
+    kernel_s = (args.completion_len - 1) * part["decode_kernels_per_step"]
+    dispatch = {"decode_kernel_launch_s": kernel_s * limits["seconds_per_kernel"],
+                "rollout_of_dispatch_bound": common.limit_fraction(
+                    kernel_s, stages["rollout"], 1.0 / limits["seconds_per_kernel"])}
+  return {"decode_read_bytes": decode, "step_model_flops": step, **dispatch,
           "rollout_of_bandwidth_bound": common.limit_fraction(
               decode, stages["rollout"], limits["read_bytes_per_s"]),
           "step_of_matmul_rate": common.limit_fraction(step, update,
@@ -153,6 +162,16 @@ def run_ours_common(args: argparse.Namespace) -> dict[str, Any]:
   engine = JaxEngine(trainable.model(state), max_batch=rows, prompt_buckets=(p,),
                      max_new_tokens_buckets=(c,))
   params = SamplingParams(max_new_tokens=c, temperature=0.9)
+  # The decode loop's arguments (as shapes), to count the kernels one decode step launches.
+  decode, decode_args = engine._decode, []   # noqa: SLF001 - the engine's jitted loop
+
+  def recording_decode(*call_args):
+    decode_args[:] = [jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape") else a,
+        call_args)]
+    return decode(*call_args)
+
+  engine._decode = recording_decode   # noqa: SLF001
   rng = np.random.default_rng(0)
   carry = {"state": state}
   iterations, tokens = [], []
@@ -178,7 +197,8 @@ def run_ours_common(args: argparse.Namespace) -> dict[str, Any]:
     if index >= args.warmup:
       iterations.append(timer.seconds)
       tokens.append(int(batch["loss_mask"].sum()))
-  return summarize(iterations, tokens)
+  return {**summarize(iterations, tokens), "decode_kernels_per_step": common.while_body_kernels(
+      decode.lower(*decode_args[0]).compile().as_text())}
 
 
 def common_batch(prompts: np.ndarray, results, adv: np.ndarray, group_size: int
@@ -389,6 +409,10 @@ def main(argv: Sequence[str] | None = None, tokenizer=None) -> dict[str, Any]:
       fractions = parts[name]["limit_fractions"]
       print(f"{name}: rollout {fractions['rollout_of_bandwidth_bound']:.1%} of the bandwidth "
             f"bound, step {fractions['step_of_matmul_rate']:.1%} of the matmul rate")
+      if "rollout_of_dispatch_bound" in fractions:
+        print(f"{name}: decode launches {parts[name]['decode_kernels_per_step']} kernels per "
+              f"step; rollout {fractions['rollout_of_dispatch_bound']:.1%} of the kernel-launch "
+              f"bound ({limits['seconds_per_kernel'] * 1e6:.1f} µs per kernel)")
   agentic = parts["ours_agentic"]
   print(f"ours_agentic step: MFU {agentic['step_mfu']:.1%}, "
         f"{agentic['step_trained_tokens_per_s']:.1f} trained tokens/s (compile excluded)")

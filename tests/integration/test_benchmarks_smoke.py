@@ -311,11 +311,55 @@ def test_e2e_limit_fractions_follow_from_the_probe(e2e_run):
                   / part["stage_s"]["rollout"] / limits["read_bytes_per_s"])
     assert _close(fractions["step_of_matmul_rate"],
                   fractions["step_model_flops"] / update / limits["matmul_flops_per_s"])
+  ours = written["ours_common"]
+  assert limits["seconds_per_kernel"] > 0 and ours["decode_kernels_per_step"] > 0
+  # Token 0 comes from the prefill: C - 1 decode steps, each launching the counted kernels.
+  assert _close(ours["limit_fractions"]["rollout_of_dispatch_bound"],
+                (E2E_C - 1) * ours["decode_kernels_per_step"] * limits["seconds_per_kernel"]
+                / ours["stage_s"]["rollout"])
   agentic = written["ours_agentic"]
   (work,) = agentic["step_work"]   # one timed iteration
   assert _close(agentic["step_mfu"],
                 work["tflops"] * 1e12 / work["compute_s"] / limits["matmul_flops_per_s"])
   assert _close(agentic["step_trained_tokens_per_s"], work["trained_tokens"] / work["compute_s"])
+
+
+HAND_WRITTEN_LOOP = """HloModule loop
+
+%cond (p: (s32[], f32[8])) -> pred[] {
+  %p = (s32[], f32[8]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[8]{0} get-tuple-element(%p), index=1
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  %y = f32[8]{0} fusion(%x), kind=kLoop, calls=%fused
+  %b = f32[2,4]{1,0} bitcast(%y)
+  %z = f32[8]{0} copy(%y)
+  ROOT %t = (s32[], f32[8]{0}) tuple(%next, %z)
+}
+
+ENTRY %main (a: f32[8]) -> (s32[], f32[8]) {
+  %a = f32[8]{0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[8]{0}) tuple(%zero, %a)
+  ROOT %w = (s32[], f32[8]{0}) while(%init), condition=%cond, body=%body
+}
+"""
+
+
+def test_while_body_kernels_counts_the_loop_body_by_hand():
+  # The body launches add, fusion and copy; parameters, tuples, bitcasts and constants are
+  # no kernels, and the condition is not the body.
+  assert common.while_body_kernels(HAND_WRITTEN_LOOP) == 3
+  with pytest.raises(ValueError, match="no while loop"):
+    common.while_body_kernels(HAND_WRITTEN_LOOP.replace("while(", "call("))
 
 
 def test_e2e_ratio_follows_from_reported_rates(e2e_run):
