@@ -128,6 +128,28 @@ def test_sample_tokens_matches_truncated_distribution(top_k, top_p):
   assert stat < dof + 5 * np.sqrt(2 * dof) + 5, (stat, dof)
 
 
+def test_sample_tokens_draws_what_categorical_draws():
+  """Row by row, the token jax.random.categorical draws from the tempered, truncated logits
+  with the row's key (greedy rows: numpy's argmax), in a batch that mixes the two."""
+  rows, vocab = 64, 50
+  logits = np.random.default_rng(1).normal(size=(rows, vocab)).astype(np.float32) * 2
+  temperature = np.where(np.arange(rows) % 4 == 0, 0.0, 0.8).astype(np.float32)
+  top_k = np.where(np.arange(rows) % 3 == 0, 5, 0).astype(np.int32)
+  top_p = np.full(rows, 0.9, np.float32)
+  keys = jax_engine.row_keys(jnp.arange(rows, dtype=jnp.uint32))
+  tokens = np.asarray(jax.jit(jax_engine.sample_tokens)(
+      jnp.asarray(logits), keys, jnp.asarray(temperature), jnp.asarray(top_k),
+      jnp.asarray(top_p)))
+  for row in range(rows):
+    if temperature[row] == 0:
+      assert tokens[row] == np.argmax(logits[row]), row
+      continue
+    kept = jax_engine.truncate_logits(jnp.asarray(logits[row:row + 1] / temperature[row]),
+                                      jnp.asarray(top_k[row:row + 1]),
+                                      jnp.asarray(top_p[row:row + 1]))[0]
+    assert tokens[row] == int(jax.random.categorical(keys[row], kept)), row
+
+
 def test_truncate_logits_hand_worked():
   # probs of [2, 1, 0, -inf-ish]: e^2, e^1, e^0 normalised = 0.665, 0.245, 0.090.
   logits = jnp.asarray([[2.0, 1.0, 0.0, -30.0]] * 4)
@@ -259,13 +281,19 @@ def test_more_requests_than_max_batch_keep_their_order(engine, greedy_refs):
   assert len(engine.last_decode_steps) == 2
 
 
-def test_one_compilation_per_bucket(engine):
+def test_one_compilation_per_bucket(model):
+  # Its own engine: the module's shared one has compiled whatever the tests before it ran
+  # (which, under pytest-xdist, depends on how the tests were spread over the workers).
+  engine = JaxEngine(model, max_batch=4, batch_buckets=(1,), prompt_buckets=PROMPT_BUCKETS,
+                     max_new_tokens_buckets=(NEW,))
   engine.generate(requests(SHORT_ROWS, GREEDY))
   engine.generate(requests(MIXED_ROWS[:2], SamplingParams(max_new_tokens=3, top_p=0.9)))
+  engine.generate(requests(SHORT_ROWS[:1], GREEDY, seeds=[5]))
+  engine.generate(requests(SHORT_ROWS[1:], GREEDY))
   counts = engine.compile_counts
   assert set(counts.values()) == {1}, counts
-  # Batch buckets (1, 4): the 1-row seed calls run alone, every other call (2 to 4 rows, or
-  # 4 + 3 rows of a 7-request call) is padded to 4.
+  # Batch buckets (1, 4): a 1-row call runs alone, every other call (2 to 4 rows) is padded
+  # to 4, and a shape seen before is not compiled again.
   assert {bucket for _, bucket in counts} == {Bucket(4, 8, NEW), Bucket(4, 16, NEW),
                                              Bucket(1, 8, NEW)}
   assert {kind for kind, _ in counts} == {"prefill", "decode"}
