@@ -38,7 +38,9 @@ smollm2_cpu.py: its engine, buckets, agent loop, 4 environments, G rollouts of o
 each), timed for `before` (no shared prefill, one decode call per turn), `shared` (shared
 first-prompt prefill) and `shared+exit` (plus decode chunks of --decode-chunk steps, ending
 replies that hold the stop string and compacting finished rows); the rollouts must be the
-same token for token. Prints tables and writes JSON.
+same token for token. Each mode's time is split into the engine's jitted calls, each waited
+for (`_CountingEngine`), and set against the machine's limits (`rollout_call_limits`). Prints
+tables and writes JSON.
 """
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ import numpy as np
 from flax import nnx
 
 from benchmarks.common import best_time, machine_record, probe_machine
-from rised_jax.learn.flops import kv_bytes_per_token
+from rised_jax.learn.flops import kv_bytes_per_token, nonembedding_params
 from rised_jax.model import Decoder, ModelConfig, RopeConfig, from_config, from_pretrained
 from rised_jax.rollout.base import EngineDefaults, GenerationRequest, SamplingParams
 from rised_jax.rollout.jax_engine import JaxEngine
@@ -256,8 +258,36 @@ def bench_reuse_and_sharing(name: str, model: Decoder, args: argparse.Namespace,
   }
 
 
+# The jitted calls of a rollout, each timed to completion: (name, index of the prompt or window
+# ids among its arguments; None for the decode loop).
+_TIMED_CALLS = (("prefill", 1), ("prefill_window", 2), ("prefill_shared", 1), ("decode", None))
+
+
 class _CountingEngine(JaxEngine):
-  """A JaxEngine that sums its per-call work counters over a rollout run."""
+  """A JaxEngine that sums its per-call work counters over a rollout run, and the time, tokens
+  fed and decode iterations of each kind of jitted call (`totals`)."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.totals: dict[str, float] = {}
+    for name, ids_at in _TIMED_CALLS:
+      setattr(self, f"_{name}", self._timed(name, ids_at, getattr(self, f"_{name}")))
+
+  def _timed(self, name: str, ids_at: int | None, call: Callable[..., Any]) -> Callable[..., Any]:
+    def timed(*args, **kwargs):
+      start = time.perf_counter()
+      out = jax.block_until_ready(call(*args, **kwargs))
+      self.totals[f"{name}_s"] = self.totals.get(f"{name}_s", 0.0) + time.perf_counter() - start
+      if ids_at is None:   # decode(state, cache, keys, ids, logprobs, lengths, done, step, ...)
+        iterations = int(out[4]) - int(args[7])    # the loop's steps run, for all rows
+        work = {"decode_iterations": iterations,
+                "decode_row_iterations": iterations * args[2].shape[0]}
+      else:                # tokens fed, padding included
+        work = {f"{name}_tokens": int(np.prod(args[ids_at].shape))}
+      for key, value in work.items():
+        self.totals[key] = self.totals.get(key, 0) + value
+      return out
+    return timed
 
   def generate(self, requests, **options):
     results = super().generate(requests, **options)
@@ -265,6 +295,28 @@ class _CountingEngine(JaxEngine):
       self.totals[key] += getattr(self, f"last_{key}")
     self.totals["calls"] += 1
     return results
+
+
+def rollout_call_limits(totals: dict[str, float], cfg: ModelConfig, weight_bytes: int,
+                        limits: dict[str, Any]) -> dict[str, float]:
+  """Each kind of call's time against the machine's limits: a prefill's layer matmuls
+  (2 · N_nonembed FLOPs per token fed, `flops.nonembedding_params`) against the matmul rate;
+  each decode iteration must read the weights once and do those matmuls for each of its rows,
+  so the decode's bound is the larger of the two totals (at most the sum of each call's
+  larger one: the fraction understates, never overstates, how near decode is)."""
+  out: dict[str, float] = {}
+  per_token = 2.0 * nonembedding_params(cfg)
+  for name in ("prefill", "prefill_window", "prefill_shared"):
+    if totals.get(f"{name}_s"):
+      out[f"{name}_of_matmul_rate"] = (per_token * totals[f"{name}_tokens"]
+                                       / limits["matmul_flops_per_s"] / totals[f"{name}_s"])
+  if totals.get("decode_s"):
+    bound = max(weight_bytes * totals["decode_iterations"] / limits["read_bytes_per_s"],
+                per_token * totals["decode_row_iterations"] / limits["matmul_flops_per_s"])
+    out["decode_bound_s_per_iteration"] = bound / totals["decode_iterations"]
+    out["decode_s_per_iteration"] = totals["decode_s"] / totals["decode_iterations"]
+    out["decode_of_bound"] = bound / totals["decode_s"]
+  return out
 
 
 class SavingsDeclined(EngineDefaults):
@@ -284,10 +336,10 @@ class SavingsDeclined(EngineDefaults):
     return self.engine.limits()
 
 
-def bench_rollout_stage(args: argparse.Namespace) -> dict[str, Any]:
+def bench_rollout_stage(args: argparse.Namespace, limits: dict[str, Any]) -> dict[str, Any]:
   """The main job's rollout stage alone, before / shared / shared+exit (module docstring)."""
   import importlib.util  # noqa: PLC0415
-  from rised_jax.pipelines import agentic  # noqa: PLC0415
+  from rised_jax.pipelines import agentic, stages  # noqa: PLC0415
   from rised_jax.types import Task  # noqa: PLC0415
 
   path = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "smollm2_cpu.py"
@@ -295,8 +347,10 @@ def bench_rollout_stage(args: argparse.Namespace) -> dict[str, Any]:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config()
-  model, tokenizer = from_pretrained(config.model.source, "float32")
-  rc = config.rollout
+  model, tokenizer = from_pretrained(config.model.source, "float32",
+                                     scan_layers=config.model.scan_layers)
+  settings = stages.stage_configs(config)
+  rc = settings.rollout
   engine = _CountingEngine(model, max_batch=rc.max_batch, pad_id=tokenizer.pad_token_id,
                            batch_buckets=tuple(rc.batch_buckets) or None,
                            prompt_buckets=tuple(rc.prompt_buckets),
@@ -309,7 +363,7 @@ def bench_rollout_stage(args: argparse.Namespace) -> dict[str, Any]:
   rows, rollouts = [], {}
   for mode, (target, chunk) in modes.items():
     engine.decode_chunk = chunk
-    loop = agentic.agent_loop(config, target, tokenizer, rc.temperature)
+    loop = agentic.agent_loop(rc, settings.envs, target, tokenizer, rc.temperature)
     engine.totals = dict.fromkeys(("row_steps", "shared_tokens", "reused_tokens", "calls"), 0)
     start = time.perf_counter()
     loop.run(tasks, rc.group_size, seed=3)                      # compiles what it needs
@@ -332,6 +386,10 @@ def bench_rollout_stage(args: argparse.Namespace) -> dict[str, Any]:
                  "shared_prompt_tokens": engine.totals["shared_tokens"],
                  "reused_prompt_tokens": engine.totals["reused_tokens"],
                  "engine_calls": engine.totals["calls"],
+                 "calls": {k: v for k, v in engine.totals.items() if k.startswith(
+                     ("prefill", "decode"))},
+                 "limit_fractions": rollout_call_limits(engine.totals, model.cfg,
+                                                        param_bytes(model), limits),
                  "load_average_after": list(os.getloadavg())})
   base = rows[0]
   for row in rows:
@@ -412,7 +470,7 @@ def main() -> None:
           f"{row['reuse_prefill_fraction_of_bandwidth']:7.1%}/"
           f"{row['shared_prefill_fraction_of_bandwidth']:<7.1%} "
           f"{str(row['reuse_tokens_agree'] and row['shared_draws_agree']):>6s}")
-  stage = bench_rollout_stage(args) if args.rollout else None
+  stage = bench_rollout_stage(args, limits) if args.rollout else None
   if stage:
     print(f"\nrollout stage of {stage['config']} ({len(stage['tasks'])} tasks x G="
           f"{stage['group_size']})")
@@ -423,6 +481,14 @@ def main() -> None:
             f"{row['speedup_wall_vs_before']:6.2f}x {row['speedup_cpu_vs_before']:5.2f}x "
             f"{row['decode_row_steps']:9d} {row['shared_prompt_tokens']:10d} "
             f"{row['agent_tokens']:9d} {str(row['same_rollouts_as_before']):>5s}")
+    for row in stage["modes"]:
+      calls, fractions = row["calls"], row["limit_fractions"]
+      prefills = ", ".join(
+          f"{name} {calls[name + '_s']:.2f} s ({fractions[name + '_of_matmul_rate']:.0%} of the "
+          f"matmul rate)" for name, _ in _TIMED_CALLS[:3] if calls.get(name + "_s"))
+      print(f"{row['mode']:12s} {prefills}; decode {calls['decode_s']:.2f} s over "
+            f"{calls['decode_iterations']} iterations ({fractions['decode_of_bound']:.0%} of "
+            f"its bound, {fractions['decode_bound_s_per_iteration'] * 1e3:.1f} ms/iteration)")
   result = {"machine": machine_record(limits),
             "measured_bandwidth_bytes_per_s": bandwidth,
             "measured_copy_bandwidth_bytes_per_s": copy_bandwidth, "args": vars(args),

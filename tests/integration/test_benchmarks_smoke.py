@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks import common, loss_memory, scan_compile, vs_tunix
+from benchmarks import common, loss_memory, sampler, scan_compile, vs_tunix
 from benchmarks import train_step as train_step_bench
 
 TINY = "qwen3-2l-d128"
@@ -352,6 +352,23 @@ ENTRY %main (a: f32[8]) -> (s32[], f32[8]) {
   ROOT %w = (s32[], f32[8]{0}) while(%init), condition=%cond, body=%body
 }
 """
+
+
+def test_rollout_call_limits_by_hand():
+  """SmolLM2-135M's layer matmuls: d = 576, 9 query and 3 KV heads of 64, MLP 1536, 30 layers:
+  30 · (576 · 64 · (2·9 + 2·3) + 3 · 576 · 1536) = 106,168,320 weights, 2 FLOPs each a token."""
+  cfg = sampler.SMOLLM2_CONFIG
+  flops_per_token = 2 * 106_168_320
+  limits = {"matmul_flops_per_s": 1e11, "read_bytes_per_s": 2e10}
+  totals = {"prefill_shared_s": 4.0, "prefill_shared_tokens": 1536, "decode_s": 9.0,
+            "decode_iterations": 45, "decode_row_iterations": 720}
+  fractions = sampler.rollout_call_limits(totals, cfg, 538_000_000, limits)
+  assert math.isclose(fractions["prefill_shared_of_matmul_rate"],
+                      flops_per_token * 1536 / 1e11 / 4.0)
+  # Weights read 45 times: 1.2105 s; matmuls for 720 row-steps: 1.5288 s, the larger.
+  assert math.isclose(fractions["decode_of_bound"], flops_per_token * 720 / 1e11 / 9.0)
+  assert math.isclose(fractions["decode_s_per_iteration"], 9.0 / 45)
+  assert "prefill_window_of_matmul_rate" not in fractions   # no such call was made
 
 
 def test_while_body_kernels_counts_the_loop_body_by_hand():
