@@ -82,6 +82,7 @@ def test_generic_teacher_lists_task_agnostic_advice_for_the_same_groups():
     PositiveTeacher(vocab, context="rubrics")
 
 
+@pytest.mark.slow
 def test_behaviour_weight_off_drops_the_importance_correction():
   """At the first step ρ = 1, so the seq-mean-token-mean loss is −mean over rows of the mean
   advantage of its loss tokens; behaviour log-probs of −10⁴ cap every w_t at C = 2."""

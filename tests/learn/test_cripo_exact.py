@@ -98,6 +98,7 @@ def test_rollout_at_the_mean_is_never_negative():
   assert analysis.sc_mask[0].tolist() == [True, True, True, False, False]
 
 
+@pytest.mark.slow
 def test_exact_oracle_on_random_groups():
   rng = np.random.default_rng(20260718)
   mismatches = {"sc": 0, "best": 0, "cf": 0, "cf_criteria": 0, "advantages": 0}

@@ -39,6 +39,7 @@ def test_widened_to_the_smallest_bucket_that_holds_it():
                            length_buckets=(12,), with_distill=True)["input_ids"].shape == (1, 16)
 
 
+@pytest.mark.slow
 def test_the_step_loss_does_not_change_with_the_bucket():
   """Positions follow the attention mask, so extra left padding changes no value."""
   rows = step_fixtures.rows(0)

@@ -55,6 +55,7 @@ def _changed_fraction(compute_dtype: str, param_dtype: str) -> float:
   return changed / sum(b.size for b in jax.tree.leaves(before))
 
 
+@pytest.mark.slow
 def test_a_small_adamw_step_changes_the_float32_master_weights():
   """Adam's first step moves each weight by about lr = 1e-6, far below bf16's spacing at a
   typical weight (|w| ≈ 0.02: 2^-13 ≈ 1.2e-4): bf16 master weights keep almost all of them."""

@@ -54,6 +54,7 @@ def _host_copy(state):
   return [np.array(leaf) for leaf in jax.tree.leaves(state)]
 
 
+@pytest.mark.slow
 def test_an_absurd_finite_update_is_skipped_and_counted():
   """lr = 1e30: Adam's first update is ~1e30 per coordinate, finite in float32 (the non-finite
   guard passes it); the size guard must refuse it and leave the whole state as it was."""

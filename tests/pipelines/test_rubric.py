@@ -336,6 +336,7 @@ def one_step(config, rows, vocab_size, pad_id):
   return {k: float(v) for k, v in metrics.items()}, jax.tree.leaves(jax.device_get(state.params))
 
 
+@pytest.mark.slow
 def test_grpo_rubric_equals_cripo_with_both_branches_off(task_file, tokenizer, scripts):
   grpo_config = make_config("grpo_rubric", task_file)
   # cripo, then only what validation requires to switch both branches off; its other step
@@ -516,6 +517,7 @@ def test_validation_names_the_bad_key(task_file, edits, message):
     make_config("cripo", task_file, **edits)
 
 
+@pytest.mark.slow
 def test_end_to_end_tiny_run(tmp_path, task_set, tokenizer):
   """The `cripo,local` smoke config through `trainer.train`, on a tiny random model."""
   model_dir = tmp_path / "tiny_model"

@@ -423,6 +423,7 @@ def check_rollouts(model, tokenizer, groups, width, atol, per_turn):
                                atol=atol)
 
 
+@pytest.mark.slow
 def test_jax_engine_multi_environment_run(tokenizer):
   cfg = ModelConfig.from_hf(mu.tiny_config("llama_gqa_tied", vocab_size=tokenizer.vocab_size,
                                            max_position_embeddings=1024))
@@ -445,6 +446,7 @@ def test_jax_engine_multi_environment_run(tokenizer):
   assert sum(b.distinct == 4 for _, b in engine.compile_counts) == 1
 
 
+@pytest.mark.slow
 def test_prefix_reuse_gives_the_same_rollouts(tokenizer):
   # With JaxEngine's prefix reuse each turn prefills only what the environment added; the
   # rollouts are those of full prefills, and a second run (the kept caches reset at its

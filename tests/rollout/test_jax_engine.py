@@ -365,7 +365,9 @@ def next_turn_prompts(prompts, results, rng, keep_cut=2, added=3):
           for p, r in zip(prompts, results)]
 
 
-@pytest.mark.parametrize("name", ["llama_gqa_tied", "gemma3"])
+# Gemma 3 (sliding windows, the heavier compile) runs in the full suite; llama in both tiers.
+@pytest.mark.parametrize("name", ["llama_gqa_tied",
+                                  pytest.param("gemma3", marks=pytest.mark.slow)])
 def test_prefix_reuse_matches_fresh_prefill_over_turns(name):
   # Three turns of growing transcripts: with reuse each turn prefills only the new ids, and
   # tokens and log-probs are those of a fresh prefill and of a full forward.

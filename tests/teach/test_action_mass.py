@@ -102,6 +102,7 @@ def _backend_compiles(fn):
   return out, len(compiles)
 
 
+@pytest.mark.slow
 def test_next_token_logits_compile_once_for_any_prompts_within_the_buckets():
   """Different prompt counts and lengths inside the given rows and widths reuse one compiled
   forward (the per-step teacher metric recompiled at every new prompt width before), and each
