@@ -117,16 +117,51 @@ def truncate_logits(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> ja
   return jnp.where(logits >= threshold, logits, -jnp.inf)
 
 
+# Vocabulary entries per block of `inverse_cdf_draw`'s two-level search.
+_DRAW_BLOCK = 128
+
+
+def inverse_cdf_draw(scaled: jax.Array, uniforms: jax.Array) -> jax.Array:
+  """[B] int32: per row the first token whose cumulative softmax(scaled) weight reaches
+  uniforms[b] times the row's total, i.e. an exact draw from softmax(scaled[b]).
+
+  scaled [B, V] (entries at -inf are never drawn), uniforms [B] in (0, 1]. One uniform per
+  row instead of the V-wide Gumbel noise of `jax.random.categorical` (V random words and two
+  logarithms per entry): the weights are summed in blocks of `_DRAW_BLOCK`, the block is found
+  on the cumulative block sums and the token on that block's own cumulative sums, so no
+  V-long prefix sum is formed. A token of zero weight cannot be reached (its cumulative sum
+  equals its predecessor's); where float rounding carries the target past a block's last
+  positive weight, that token is taken.
+  """
+  batch, vocab = scaled.shape
+  blocks = -(-vocab // _DRAW_BLOCK)
+  weights = jnp.exp(scaled - jnp.max(scaled, axis=-1, keepdims=True))
+  weights = jnp.pad(weights, ((0, 0), (0, blocks * _DRAW_BLOCK - vocab)))
+  weights = weights.reshape(batch, blocks, _DRAW_BLOCK)
+  cumulative = jnp.cumsum(weights.sum(axis=-1), axis=-1)            # [B, blocks]
+  target = uniforms * cumulative[:, -1]
+  block = jnp.minimum(jnp.sum(cumulative < target[:, None], axis=-1), blocks - 1)
+  before = jnp.where(block > 0, jnp.take_along_axis(
+      cumulative, jnp.maximum(block - 1, 0)[:, None], axis=-1)[:, 0], 0.0)
+  inside = jnp.take_along_axis(weights, block[:, None, None], axis=1)[:, 0]   # [B, block]
+  offset = jnp.sum(before[:, None] + jnp.cumsum(inside, axis=-1) < target[:, None], axis=-1)
+  last_positive = _DRAW_BLOCK - 1 - jnp.argmax((inside > 0)[:, ::-1], axis=-1)
+  return (block * _DRAW_BLOCK + jnp.minimum(offset, last_positive)).astype(jnp.int32)
+
+
 def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array,
                   top_k: jax.Array, top_p: jax.Array) -> jax.Array:
   """[B] int32 tokens: argmax where temperature is 0, else a draw from the tempered,
-  truncated distribution with each row's own key (keys: [B] typed PRNG keys)."""
+  truncated distribution with each row's own key (keys: [B] typed PRNG keys), by
+  `inverse_cdf_draw` on one uniform per row."""
   sampling = temperature > 0
   scaled = logits / jnp.where(sampling, temperature, 1.0)[:, None]
   truncates = sampling & ((top_k > 0) | (top_p < 1.0))
   scaled = jax.lax.cond(jnp.any(truncates), lambda x: truncate_logits(x, top_k, top_p),
                         lambda x: x, scaled)
-  drawn = jax.vmap(jax.random.categorical)(keys, scaled)
+  # 1 - U[0, 1) is in (0, 1]: a zero target would select token 0 whatever its weight.
+  uniforms = 1.0 - jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(keys)
+  drawn = inverse_cdf_draw(scaled, uniforms)
   return jnp.where(sampling, drawn, jnp.argmax(logits, axis=-1)).astype(jnp.int32)
 
 

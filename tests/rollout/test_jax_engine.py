@@ -128,26 +128,55 @@ def test_sample_tokens_matches_truncated_distribution(top_k, top_p):
   assert stat < dof + 5 * np.sqrt(2 * dof) + 5, (stat, dof)
 
 
-def test_sample_tokens_draws_what_categorical_draws():
-  """Row by row, the token jax.random.categorical draws from the tempered, truncated logits
-  with the row's key (greedy rows: numpy's argmax), in a batch that mixes the two."""
-  rows, vocab = 64, 50
+def np_inverse_cdf(probs, u):
+  """The oracle: the first index whose float64 cumulative probability reaches u."""
+  return int(np.searchsorted(np.cumsum(probs, dtype=np.float64), u * probs.sum(), side="left"))
+
+
+def test_sample_tokens_is_the_inverse_cdf_of_the_row_uniform():
+  """Row by row, over several vocabulary blocks: the token numpy's float64 inverse CDF of the
+  tempered, truncated probabilities gives at the row's uniform (1 - U[0, 1) from its key);
+  greedy rows: numpy's argmax. Draws within rounding of a CDF boundary are not compared."""
+  rows, vocab = 96, 300
   logits = np.random.default_rng(1).normal(size=(rows, vocab)).astype(np.float32) * 2
   temperature = np.where(np.arange(rows) % 4 == 0, 0.0, 0.8).astype(np.float32)
   top_k = np.where(np.arange(rows) % 3 == 0, 5, 0).astype(np.int32)
-  top_p = np.full(rows, 0.9, np.float32)
+  top_p = np.where(np.arange(rows) % 5 == 0, 0.9, 1.0).astype(np.float32)
   keys = jax_engine.row_keys(jnp.arange(rows, dtype=jnp.uint32))
   tokens = np.asarray(jax.jit(jax_engine.sample_tokens)(
       jnp.asarray(logits), keys, jnp.asarray(temperature), jnp.asarray(top_k),
       jnp.asarray(top_p)))
+  compared = 0
   for row in range(rows):
     if temperature[row] == 0:
       assert tokens[row] == np.argmax(logits[row]), row
       continue
-    kept = jax_engine.truncate_logits(jnp.asarray(logits[row:row + 1] / temperature[row]),
-                                      jnp.asarray(top_k[row:row + 1]),
-                                      jnp.asarray(top_p[row:row + 1]))[0]
-    assert tokens[row] == int(jax.random.categorical(keys[row], kept)), row
+    probs = np_truncated_probs(logits[row].astype(np.float64) / temperature[row],
+                               top_k[row], top_p[row])
+    u = 1.0 - float(jax.random.uniform(keys[row], (), jnp.float32))
+    cdf = np.cumsum(probs)
+    if np.min(np.abs(cdf - u)) < 1e-5:
+      continue
+    assert probs[tokens[row]] > 0, row
+    assert tokens[row] == np_inverse_cdf(probs, u), row
+    compared += 1
+  assert compared >= 65
+
+
+def test_inverse_cdf_draw_hand_worked():
+  # Weights e^0 = 1 on tokens 5, 130 and 299 (three different blocks of 128), -inf elsewhere:
+  # the cumulative weights are 1, 2, 3, so u in (0, 1/3] -> 5, (1/3, 2/3] -> 130, else 299.
+  scaled = np.full((6, 300), -np.inf, np.float32)
+  scaled[:, [5, 130, 299]] = 0.0
+  u = jnp.asarray([1e-6, 0.33, 0.34, 0.66, 0.67, 1.0], jnp.float32)
+  np.testing.assert_array_equal(np.asarray(jax_engine.inverse_cdf_draw(jnp.asarray(scaled), u)),
+                                [5, 5, 130, 130, 299, 299])
+  # Unequal weights inside one block: p = (0, 0.5, 0, 0.25, 0.25) from log-weights.
+  weights = np.asarray([[0.0, 2.0, 0.0, 1.0, 1.0]] * 4)
+  scaled = np.where(weights > 0, np.log(np.maximum(weights, 1.0)), -np.inf).astype(np.float32)
+  u = jnp.asarray([0.1, 0.5, 0.74, 0.76], jnp.float32)
+  np.testing.assert_array_equal(np.asarray(jax_engine.inverse_cdf_draw(jnp.asarray(scaled), u)),
+                                [1, 1, 3, 4])
 
 
 def test_truncate_logits_hand_worked():
