@@ -193,3 +193,31 @@ def tiny_tokenizer(with_template: bool = True) -> Tokenizer:
   hf = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<|im_start|>",
                                eos_token="<|im_end|>")
   return Tokenizer(hf, CHATML_TEMPLATE if with_template else None)
+
+
+MOVES = ("up", "down", "left", "right")
+
+
+def write_mover(out_dir, lift: float = 5.0, seed: int = 0):
+  """The tiny FrozenLake model (`tiny.write(out_dir, ["frozenlake"])`) with the four move
+  words' logits raised by about `lift` where the agent answers, so its random policy mostly
+  names a move, each about equally often: GRPO then has wins to learn from in every step of
+  one-move FrozenLake (the plain tiny model names the winning move in about 1 of 170 samples,
+  so a step of 64 rollouts often has none). Each move's (tied) embedding gains
+  lift · h̄ / |h̄|², h̄ the mean final hidden state at the answer position of FrozenLake's
+  first prompts. Returns the directory."""
+  from rised_jax import envs  # noqa: PLC0415 - keeps this module's imports light
+  from rised_jax.model import from_config, save_pretrained, tiny  # noqa: PLC0415
+  from rised_jax.rollout.chat import ChatFormat  # noqa: PLC0415
+  tokenizer = tiny.build_tokenizer(tiny.tokenizer_words(["frozenlake"]))
+  model = from_config(tiny.tiny_config(tokenizer.vocab_size), seed)
+  chat = ChatFormat(tokenizer)
+  env = envs.make("frozenlake", size=2, holes=0, min_distance=1, max_turns=1)
+  answers = []
+  for episode in range(8):
+    ids = chat.prompt_ids(env.system_prompt, env.reset(episode))
+    answers.append(model.hidden_states(jnp.asarray([ids]))[0, -1])
+  mean = jnp.mean(jnp.stack(answers), axis=0)
+  moves = jnp.asarray([tokenizer.encode(move)[0] for move in MOVES])
+  model.embed[...] = model.embed[...].at[moves].add(lift * mean / jnp.sum(mean * mean))
+  return save_pretrained(model, tokenizer, out_dir)

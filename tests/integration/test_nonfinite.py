@@ -17,7 +17,7 @@ from flax import nnx
 from rised_jax import parallel
 from rised_jax.learn import train_step
 from rised_jax import model as model_lib
-from rised_jax.model import tiny
+from tests.helpers import model_utils
 from tests.helpers import step_fixtures
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,13 +88,13 @@ def _by_path(tree) -> dict[str, np.ndarray]:
 
 
 def test_an_absurd_learning_rate_keeps_the_pre_fault_weights_in_every_checkpoint(tmp_path):
-  """learning_rate=1e30 on the tiny config (one-move FrozenLake, where the random model wins
-  some rollouts, so the first step has a gradient): Adam's first update is ~1e30, finite in
+  """learning_rate=1e30 on the tiny config (one-move FrozenLake, on the tiny model that mostly
+  names a move, so the first step has wins and a gradient): Adam's first update is ~1e30, finite in
   float32. Before the update-size guard it was applied, the later steps were skipped as
   non-finite and every kept checkpoint held the 1e30 weights. Now every step is skipped as a
   large update, the run fails naming the key and the last good checkpoint, and each kept
   checkpoint holds the initial weights (compared with the model's own, loaded here)."""
-  model_dir = tiny.write(tmp_path / "model", ["frozenlake"])
+  model_dir = model_utils.write_mover(tmp_path / "model")
   workdir = tmp_path / "run"
   cmd = [sys.executable, "-m", "rised_jax.main", f"--config={CONFIG}:rised,easy",
          f"--workdir={workdir}", f"--config.model.source={model_dir}",
