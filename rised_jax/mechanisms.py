@@ -16,7 +16,8 @@ rollouts at temperature 1 open it.
              rollout (`positive.positive_teacher_prefix`, the won rollout played through the
              game and tagged by the rule judge); its positives name no door, so an
              all-failure group that takes them from the pool or the memory gets the same
-             prompt. Holds at >= 0.3.
+             prompt. Holds at >= 0.3 with the teacher's own p(win) >= 0.9 (a teacher
+             that follows the line).
   guidance   on `trapdoors`, the trap's frequency p(black) under the student prompt, and
              under the student prompt with the hint `GuidanceMemory` shows once the trap's tag
              is frequent ("Avoid: Opens with black."). Holds when the failure recurs (above
@@ -55,6 +56,9 @@ REPLY_PREFIX = "<answer>"
 SEED_OFFSET = 1_000_000   # config.eval.seed_offset
 HELD_OUT = 32             # config.eval.episodes_per_env
 TEACHER_BAR = 0.3
+# A warm-start that stopped half-way (teacher p(win) 0.676, gap 0.483) passed the gap bar alone,
+# and RISED then did not beat rised_no_teacher (docs/rised.md, "Across machines").
+TEACHER_WIN_BAR = 0.9
 GAP_RATIO_BAR = 0.5
 GUIDANCE_THRESHOLD = 0.1  # the suite's guidance.options.threshold
 GROUP_SIZE = 4            # the suite's rollout.group_size
@@ -124,12 +128,21 @@ def teacher_check(model, chat: ChatFormat, vocab: Vocabulary) -> dict[str, float
     wins.append(env.action_space().index(win))
   moves = env.action_space()
   rows = np.arange(len(tasks))
-  p_teacher = door_probabilities(model, chat, teacher, moves)[rows, wins]
-  p_student = door_probabilities(model, chat, student, moves)[rows, wins]
-  gap = float((p_teacher - p_student).mean())
-  return {"teacher_p_win": float(p_teacher.mean()), "student_p_win": float(p_student.mean()),
-          "all_failure_groups": float(((1.0 - p_student) ** GROUP_SIZE).mean()),
-          "teacher_minus_student": gap, "holds": gap >= TEACHER_BAR, "held_out": len(tasks)}
+  return teacher_summary(door_probabilities(model, chat, teacher, moves)[rows, wins],
+                         door_probabilities(model, chat, student, moves)[rows, wins])
+
+
+def teacher_summary(p_teacher: np.ndarray, p_student: np.ndarray) -> dict[str, float | bool]:
+  """The teacher check from p(winning door) per held-out instance under the teacher and the
+  student prompts: it holds when the teacher wins on average (>= TEACHER_WIN_BAR) and raises
+  the win by >= TEACHER_BAR over the student."""
+  teacher_p_win = float(np.mean(p_teacher))
+  gap = float(np.mean(p_teacher - p_student))
+  return {"teacher_p_win": teacher_p_win, "student_p_win": float(np.mean(p_student)),
+          "all_failure_groups": float(np.mean((1.0 - p_student) ** GROUP_SIZE)),
+          "teacher_minus_student": gap,
+          "holds": gap >= TEACHER_BAR and teacher_p_win >= TEACHER_WIN_BAR,
+          "held_out": len(p_teacher)}
 
 
 def guidance_check(model, chat: ChatFormat, vocab: Vocabulary) -> dict[str, float | bool | str]:
@@ -213,8 +226,9 @@ def lines(report: dict[str, dict]) -> list[str]:
   out = [f"constant  {game}: best constant door {c['door']!r} wins {c['pass_rate']:.3f} of the "
          "held-out instances" for game, c in report["constant"].items()]
   out.append(f"teacher   {'holds' if t['holds'] else 'FAILS'}: p(win) teacher "
-             f"{t['teacher_p_win']:.3f} - student {t['student_p_win']:.3f} = "
-             f"{t['teacher_minus_student']:.3f} (bar {TEACHER_BAR}; {t['held_out']} held out); "
+             f"{t['teacher_p_win']:.3f} (bar {TEACHER_WIN_BAR}) - student "
+             f"{t['student_p_win']:.3f} = {t['teacher_minus_student']:.3f} (bar {TEACHER_BAR}; "
+             f"{t['held_out']} held out); "
              f"all-failure groups of {GROUP_SIZE}: {t['all_failure_groups']:.3f}")
   out.append(f"guidance  {'holds' if g['holds'] else 'FAILS'}: p(trap) {g['student_p_trap']:.3f}"
              f" -> {g['hinted_p_trap']:.3f} with the hint {g['hint']!r} (needs > "

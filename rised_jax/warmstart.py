@@ -11,8 +11,9 @@ way to fit the data is to copy the move the rubric line names.
 
 It can learn: copy a move named by a rubric line in the teacher block; with `--game doors`,
 follow a general rubric line ("Opens the door the note names") by copying the door the
-observation's note names, and keep its prior where the line is absent (1500 steps at batch 32;
-400 steps at batch 16 left it at teacher p(win) 0.24, 1500 at batch 16 at 0.63). It is not
+observation's note names, and keep its prior where the line is absent (3000 steps at batch 32;
+400 steps at batch 16 left it at teacher p(win) 0.24, 1500 at batch 16 at 0.63, 1500 at batch
+32 at 0.996 on one machine and 0.676 on another: see the suite's model below). It is not
 taught (and the measurement in issue 20 found that 200–300 steps do not teach) content matching
 (find the colour a rubric line names among the observation's signs) or rules that interact
 with the observation beyond that copy: the warm-started model is a reader of explicit hints,
@@ -21,7 +22,8 @@ not a planner.
 Pre-check (`precheck`, printed at the end and written to warmstart.json): on held-out
 instances (instance keys disjoint from the training ones), the probability of the winning
 move's token after the teacher prompt whose line names it (`--game doors`: lists the rule),
-minus that after the student prompt (no teacher block); the mechanism suite needs it >= 0.3.
+minus that after the student prompt (no teacher block); the mechanism suite needs it >= 0.3
+(`rised_jax.mechanisms` also needs the teacher's own p(win) >= 0.9).
 
   python -m rised_jax.warmstart OUT_DIR [--steps 300] [--seed 0] [--batch 16] [--lr 3e-3]
       [--game frozenlake|doors] [--avoid-share 0.0] [--prior-share 0.0] [--example-rate 0.5]
@@ -34,9 +36,11 @@ turns that share of the trap game's rows into guidance rows (student prompt + "A
 with black." -> a non-trap door), `--prior-share` that share of all rows into prior rows
 (student prompt -> the system prompt's example door at `--example-rate`, else a random door):
 the suite's sparse reward and its recurring failure, by construction. The suite's model:
-`--game doors --steps 1500 --batch 32 --avoid-share 0.25 --prior-share 0.3 --example-rate 0.9`
-(seed 0, 2026-12-04: final loss 0.058; held-out teacher p(win) 0.996 against the student's
-0.080, 32 / 32 argmax right; 2 min 33 s with the other core busy).
+`--game doors --steps 3000 --batch 32 --avoid-share 0.25 --prior-share 0.3 --example-rate 0.9`.
+The float path of 1500 steps differs between machine kinds: on an Intel Xeon (AVX-512;
+2026-12-04) they reached held-out teacher p(win) 0.996 against the student's 0.080 (final loss
+0.058), on an AMD EPYC (AVX2; 2026-12-05) only 0.676 (loss 0.079), half-way through the
+transition; 3000 steps there reach 0.997 (loss 0.054; 2 min 37 s on 2 cores).
 With 8 doors instead of 4 the copy-the-named-door variant of issue 20's first suite sat at
 the no-copying loss for 550 steps: the model told only which half of the doors a line named.
 

@@ -37,6 +37,21 @@ def test_played_groups_carry_the_judges_tags_and_outcomes():
   assert group.system_prompt.startswith("Doors: red blue green white black.")
 
 
+def test_teacher_summary_hand_worked():
+  # Two held-out instances, G = 4: the all-failure share is the mean of (1 - p_student)^4.
+  holds = mechanisms.teacher_summary(np.array([1.0, 0.9]), np.array([0.5, 0.0]))
+  assert holds["teacher_p_win"] == pytest.approx(0.95)
+  assert holds["teacher_minus_student"] == pytest.approx(0.7)
+  assert holds["all_failure_groups"] == pytest.approx((0.5 ** 4 + 1.0) / 2)
+  assert holds["held_out"] == 2 and holds["holds"]
+  # A half-trained teacher: the gap clears 0.3, the teacher's own p(win) (0.65) does not.
+  half = mechanisms.teacher_summary(np.array([0.8, 0.5]), np.array([0.2, 0.1]))
+  assert half["teacher_minus_student"] == pytest.approx(0.5) and not half["holds"]
+  # A strong teacher over a strong student: too little to distil.
+  small = mechanisms.teacher_summary(np.array([1.0, 1.0]), np.array([0.8, 0.8]))
+  assert small["teacher_minus_student"] == pytest.approx(0.2) and not small["holds"]
+
+
 @pytest.fixture(scope="module")
 def untrained_model(tmp_path_factory):
   tokenizer = tiny.build_tokenizer(warmstart.tokenizer_words("doors"))

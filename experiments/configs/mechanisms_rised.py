@@ -1,7 +1,7 @@
 """The RISED mechanism suite: one-move Doors games (rised_jax.envs.doors) in which the teacher,
 the guidance and the selection each have something to act on, by construction.
 
-  python -m rised_jax.warmstart runs/doors_model --game doors --steps 1500 --batch 32 \
+  python -m rised_jax.warmstart runs/doors_model --game doors --steps 3000 --batch 32 \
       --avoid-share 0.25 --prior-share 0.3 --example-rate 0.9
   python -m rised_jax.mechanisms precheck --model runs/doors_model     # before any RL
   rised-train --config experiments/configs/mechanisms_rised.py:rised,teacher --workdir runs/m
