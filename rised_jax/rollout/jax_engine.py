@@ -540,8 +540,11 @@ class JaxEngine(EngineDefaults):
     prompt = list(request.prompt_ids)
     if not prompt:
       raise ValueError(f"{where}: prompt_ids is empty; at least one token is needed")
-    bad = [t for t in prompt if not is_int(t)
-           or not 0 <= t < self.vocab_size]
+    # Plain ints in range (the usual case) are checked without is_int's ABC test per token,
+    # which cost 5 % of a tiny model's rollout.
+    plain = all(type(t) is int for t in prompt)   # pylint: disable=unidiomatic-typecheck
+    bad = [] if plain and 0 <= min(prompt) and max(prompt) < self.vocab_size else [
+        t for t in prompt if not is_int(t) or not 0 <= t < self.vocab_size]
     if bad:
       raise ValueError(f"{where}: prompt_ids must be integers in [0, {self.vocab_size}), "
                        f"got {bad[:5]!r}")
