@@ -542,9 +542,9 @@ class JaxEngine(EngineDefaults):
       raise ValueError(f"{where}: prompt_ids is empty; at least one token is needed")
     # Plain ints in range (the usual case) are checked without is_int's ABC test per token,
     # which cost 5 % of a tiny model's rollout.
-    plain = all(type(t) is int for t in prompt)   # pylint: disable=unidiomatic-typecheck
-    bad = [] if plain and 0 <= min(prompt) and max(prompt) < self.vocab_size else [
-        t for t in prompt if not is_int(t) or not 0 <= t < self.vocab_size]
+    valid = (all(type(t) is int for t in prompt)   # pylint: disable=unidiomatic-typecheck
+             and 0 <= min(prompt) and max(prompt) < self.vocab_size)
+    bad = [] if valid else [t for t in prompt if not is_int(t) or not 0 <= t < self.vocab_size]
     if bad:
       raise ValueError(f"{where}: prompt_ids must be integers in [0, {self.vocab_size}), "
                        f"got {bad[:5]!r}")
