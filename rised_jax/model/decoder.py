@@ -109,11 +109,21 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float, plus_one: bool) -> jax.
   return (normed * (1.0 + scale32 if plus_one else scale32)).astype(x.dtype)
 
 
-def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
-  """cos and sin [B, T, head_dim] for the half-split rotary layout of HF checkpoints."""
-  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
-  angles = jnp.concatenate([angles, angles], axis=-1)
-  return jnp.cos(angles), jnp.sin(angles)
+def rope_tables(positions: jax.Array, inv_freq: np.ndarray, num_positions: int
+                ) -> tuple[jax.Array, jax.Array]:
+  """cos and sin [B, T, head_dim] for the half-split rotary layout of HF checkpoints.
+
+  Every position lies below `num_positions`. The angle is position · inv_freq in float32, as
+  HF forms it; cos and sin of positions 0 .. num_positions − 1 are computed once, in numpy at
+  trace time (float64, rounded to float32), and gathered by position. Computed in the graph,
+  XLA fuses cos and sin into each consumer and evaluates them again per head, in the forward
+  and in the backward (about 6 % of the 4-layer d256 train step, docs/performance.md).
+  """
+  angles = (np.arange(num_positions, dtype=np.float32)[:, None]
+            * np.asarray(inv_freq, np.float32)).astype(np.float64)
+  cos, sin = (jnp.take(table(angles).astype(np.float32), positions, axis=0, mode="clip")
+              for table in (np.cos, np.sin))
+  return jnp.concatenate([cos, cos], axis=-1), jnp.concatenate([sin, sin], axis=-1)
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
@@ -596,9 +606,12 @@ class Decoder(nnx.Module):
 
   def _layers(self, x: jax.Array, q_slots: jax.Array, q_positions: jax.Array,
               k_slots: jax.Array, k_positions: jax.Array, k_valid: jax.Array,
-              cache: KVCache | None = None, cache_index: jax.Array | None = None
+              num_positions: int, cache: KVCache | None = None,
+              cache_index: jax.Array | None = None
               ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """Runs every layer; RoPE tables and masks are built once per distinct RoPE / window.
+
+    Every query position lies below `num_positions` (`rope_tables`).
 
     Returns (hidden states after the final norm, the updated keys and values [L, B, S, KVH,
     hd] when a cache is given, else None).
@@ -609,7 +622,8 @@ class Decoder(nnx.Module):
     rope_of = [ropes.setdefault(cfg.layer_rope(i), len(ropes)) for i in range(cfg.num_layers)]
     window_of = [windows.setdefault(cfg.layer_window(i), len(windows))
                  for i in range(cfg.num_layers)]
-    tables = [rope_tables(q_positions, rope.inv_freq(cfg.head_dim)) for rope in ropes]
+    tables = [rope_tables(q_positions, rope.inv_freq(cfg.head_dim), num_positions)
+              for rope in ropes]
     masks = [visible_keys(q_slots, q_positions, k_slots, k_positions, k_valid, window)
              for window in windows]
     # Remat only pays off under a gradient; decoding (with a cache) runs inside a while_loop
@@ -628,16 +642,15 @@ class Decoder(nnx.Module):
       kv = None if kv is None else (layer_kv.k, layer_kv.v)
     return self.final_norm(x), kv
 
-  def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                    positions: jax.Array | None = None) -> jax.Array:
+  def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None
+                    ) -> jax.Array:
     """[B, T] ids -> [B, T, D] hidden states after the final norm (compute dtype)."""
     if attention_mask is None:
       attention_mask = jnp.ones(input_ids.shape, jnp.int32)
-    if positions is None:
-      positions = positions_from_mask(attention_mask)
+    positions = positions_from_mask(attention_mask)
     slots = jnp.arange(input_ids.shape[1])
     hidden, _ = self._layers(self._embed(input_ids), slots, positions, slots, positions,
-                             attention_mask.astype(bool))
+                             attention_mask.astype(bool), num_positions=input_ids.shape[1])
     return hidden
 
   def logits(self, hidden: jax.Array) -> jax.Array:
@@ -649,9 +662,9 @@ class Decoder(nnx.Module):
                          preferred_element_type=jnp.float32)
     return softcap_logits(logits, self.cfg.final_logit_softcap)
 
-  def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-               positions: jax.Array | None = None) -> jax.Array:
-    return self.logits(self.hidden_states(input_ids, attention_mask, positions))
+  def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None
+               ) -> jax.Array:
+    return self.logits(self.hidden_states(input_ids, attention_mask))
 
   def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
     """An empty cache of `max_len` slots per row (keys/values in `dtype`, default compute)."""
@@ -683,7 +696,8 @@ class Decoder(nnx.Module):
     positions = jax.lax.dynamic_update_slice(cache.positions, new_positions, (0, cache_index))
     valid = jax.lax.dynamic_update_slice(kept, new_mask.astype(bool), (0, cache_index))
     q_slots = cache_index + jnp.arange(new_len)
+    # A row's positions count its real tokens, so they lie below the cache's slots.
     hidden, new_kv = self._layers(self._embed(input_ids), q_slots, new_positions, slots,
-                                  positions, valid, cache, cache_index)
+                                  positions, valid, cache.valid.shape[1], cache, cache_index)
     new_cache = KVCache(k=new_kv[0], v=new_kv[1], positions=positions, valid=valid)
     return self.logits(hidden), new_cache

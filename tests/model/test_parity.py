@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 ATOL = 1e-4
 ROW_LENGTHS = (12, 7, 3)   # longer than the Gemma window (4)
 FORWARD = nnx.jit(lambda model, ids, mask: model(ids, mask))
-HIDDEN = nnx.jit(lambda model, ids, mask, positions: model.hidden_states(ids, mask, positions))
+HIDDEN = nnx.jit(lambda model, ids, mask: model.hidden_states(ids, mask))
 LOGITS = nnx.jit(lambda model, hidden: model.logits(hidden))
 
 
@@ -64,7 +64,7 @@ def test_batch_without_mask_matches_transformers(name):
 def test_logits_of_hidden_states_equal_forward(family):
   name, _, ours, rows, _ = family
   ids, mask = mu.padded_batch(rows, "left")
-  hidden = HIDDEN(ours, ids, mask, dec.positions_from_mask(mask))
+  hidden = HIDDEN(ours, ids, mask)
   assert hidden.shape == (3, max(ROW_LENGTHS), ours.cfg.hidden_size)
   np.testing.assert_allclose(np.asarray(LOGITS(ours, hidden)),
                              np.asarray(FORWARD(ours, ids, mask)), atol=1e-6, rtol=0,
@@ -155,12 +155,15 @@ def test_rms_norm_and_rope_match_numpy():
                                                      True)), normed * (1 + w), rtol=1e-5,
                              atol=1e-6)
   heads = rng.normal(size=(2, 3, 2, 8)).astype(np.float32)
-  positions = np.asarray([[0, 1, 2], [5, 6, 7]])
+  # The last position is the table's last row (num_positions - 1).
+  positions = np.asarray([[0, 1, 2], [5, 6, 4095]])
   inv_freq = RopeConfig(theta=100.0).inv_freq(8)
-  cos, sin = dec.rope_tables(jnp.asarray(positions), inv_freq)
+  cos, sin = dec.rope_tables(jnp.asarray(positions), inv_freq, num_positions=4096)
   rotated = np.asarray(dec.apply_rope(jnp.asarray(heads), cos, sin))
-  # Pair i is (x[i], x[i + 4]) rotated by the angle position * inv_freq[i].
-  angle = positions[:, :, None, None] * inv_freq
+  # Pair i is (x[i], x[i + 4]) rotated by the angle position * inv_freq[i], formed in
+  # float32 as HF forms it.
+  angle = (positions[:, :, None, None].astype(np.float32)
+           * inv_freq.astype(np.float32)).astype(np.float64)
   first, second = heads[..., :4], heads[..., 4:]
   expected = np.concatenate([first * np.cos(angle) - second * np.sin(angle),
                              second * np.cos(angle) + first * np.sin(angle)], -1)
