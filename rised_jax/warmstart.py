@@ -40,7 +40,9 @@ the suite's sparse reward and its recurring failure, by construction. The suite'
 The float path of 1500 steps differs between machine kinds: on an Intel Xeon (AVX-512;
 2026-12-04) they reached held-out teacher p(win) 0.996 against the student's 0.080 (final loss
 0.058), on an AMD EPYC (AVX2; 2026-12-05) only 0.676 (loss 0.079), half-way through the
-transition; 3000 steps there reach 0.997 (loss 0.054; 2 min 37 s on 2 cores).
+transition; 3000 steps there reach 0.997 (loss 0.054; 2 min 37 s on 2 cores). The rate decays
+to 0 over the last fifth of the steps (`learning_rates`): at a constant rate a late loss spike
+could leave the saved model outside the transition (docs/rised.md, "Across warm starts").
 With 8 doors instead of 4 the copy-the-named-door variant of issue 20's first suite sat at
 the no-copying loss for 550 steps: the model told only which half of the doors a line named.
 
@@ -73,6 +75,8 @@ from rised_jax.teach import guidance, positive
 from rised_jax.teach.action_mass import next_token_logits
 
 ENV = "frozenlake"
+# The share of the steps over which the learning rate decays linearly to 0 (`learning_rates`).
+DECAY_SHARE = 0.2
 DIFFICULTY = dict(size=3, holes=1, min_distance=1, max_turns=1)
 # --game: the (environment, knobs) variants whose prompts the copy task uses, and the
 # vocabulary whose positive descriptions fill the teacher block besides the named move.
@@ -244,12 +248,26 @@ def pack(rows: Sequence[tuple[list[int], list[int]]], multiple: int = 1
   return {"ids": ids, "mask": mask, "loss_mask": loss_mask}
 
 
+def learning_rates(steps: int, peak: float) -> optax.Schedule:
+  """`peak` for the first 1 - DECAY_SHARE of the steps, then linearly down to 0 at `steps`.
+
+  At a constant rate Adam's loss spiked 7x three steps from the end of a 3000-step doors
+  warm-start (seed 0, Intel Xeon, 2026-12-06) and the saved model had lost the transition
+  (teacher p(win) 0.29 against 0.996 for seed 1); the decay lets the last steps settle
+  instead of ending wherever the last spike left them (docs/rised.md, "Across warm starts")."""
+  stable = steps - int(DECAY_SHARE * steps)
+  return optax.join_schedules(
+      [optax.constant_schedule(peak), optax.linear_schedule(peak, 0.0, steps - stable)],
+      [stable])
+
+
 def fit(model, batch: Callable[[], dict[str, np.ndarray]], steps: int, learning_rate: float,
         log_every: int, what: str = "warm-start"):
   """(model, loss history) after `steps` Adam steps on the masked next-token NLL of
-  `batch()`'s target tokens (`_loss`). A non-finite loss stops it before anything is saved."""
+  `batch()`'s target tokens (`_loss`), the rate following `learning_rates`. A non-finite
+  loss stops it before anything is saved."""
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  optimizer = optax.adam(learning_rate)
+  optimizer = optax.adam(learning_rates(steps, learning_rate))
   opt_state = optimizer.init(params)
 
   @jax.jit
