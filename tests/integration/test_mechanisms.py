@@ -4,16 +4,20 @@ learn what rised_no_teacher does not, on held-out instances.
 
 The model is warm-started here (rised_jax.warmstart --game doors, as the suite documents), the
 pre-check is asserted first (a comparison only where it holds), then rised and rised_no_teacher
-train from it with the same seed stream for the setting's 30 steps and are evaluated greedily
-on the same held-out instances. RISED must win more of them, by the exact one-sided Fisher
-test at 5 %, and beat the best constant policy with the lower end of its exact
-(Clopper-Pearson) 95 % interval. Seed 0 is the first stream; docs/rised.md ("Mechanism
-suite") counts how many of seeds 0-6 pass and shows the run with the teacher switched off.
+train from it for the setting's 30 steps on each of the seed streams 0-6 (the same stream for
+both) and are evaluated greedily on the same held-out instances. The unit is the stream: on
+one stream rised_no_teacher sometimes finds the rule by itself (32 of 32 at seed 0 from both
+warm starts of 2026-12-06), so a one-stream test fails by chance. RISED must be ahead by the
+exact one-sided paired sign-flip test at 5 % over the seven streams (the smallest p seven
+allow is 1/128) and beat the best constant policy by the same test. docs/rised.md
+("Mechanism suite") gives the per-stream table on each machine and warm start.
 """
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import pytest
-import scipy.stats
 
 from rised_jax import mechanisms, trainer, warmstart
 from rised_jax.envs import doors
@@ -23,10 +27,11 @@ from tests.helpers.run_fixtures import CONFIGS, load_config_file
 CONFIG = CONFIGS / "mechanisms_rised.py"
 # 3000 steps: 1500 finished the warm-start's transition on one machine (teacher p(win) 0.996,
 # Intel Xeon with AVX-512) but stopped half-way on another (0.676, AMD EPYC with AVX2), where
-# RISED then did not beat rised_no_teacher (docs/rised.md, "Across machines").
+# RISED then did not beat rised_no_teacher (docs/rised.md, "Across machines"). The rate decays
+# over the last fifth (warmstart.learning_rates; docs/rised.md, "Across warm starts").
 WARM_START = dict(steps=3000, seed=0, batch_size=32, learning_rate=3e-3, log_every=0,
                   game="doors", avoid_share=0.25, prior_share=0.3, example_rate=0.9)
-SEED = 0
+SEEDS = range(7)
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +40,29 @@ def doors_model(tmp_path_factory):
   return str(save_pretrained(model, tokenizer, tmp_path_factory.mktemp("doors_model")))
 
 
-def held_out_wins(preset: str, model_dir: str, workdir) -> tuple[int, int]:
+def held_out_pass_rate(preset: str, seed: int, model_dir: str, workdir) -> float:
   config = load_config_file(CONFIG, f"{preset},teacher")
   config.model.source = model_dir
-  config.seed = SEED
+  config.seed = seed
   config.train.eval_every = 0   # the final evaluation only
   after = trainer.train(config, workdir)["after"]["doors"]
-  return round(after["pass_rate"] * after["episodes"]), after["episodes"]
+  assert after["episodes"] == mechanisms.HELD_OUT
+  return after["pass_rate"]
+
+
+def sign_flip_p(differences) -> float:
+  """Exact one-sided p of "the mean difference is > 0": the share of the 2^n sign patterns
+  whose sum reaches the observed one (a zero difference counts both ways, as it should)."""
+  d = np.asarray(differences, float)
+  sums = [np.dot(signs, d) for signs in itertools.product((1.0, -1.0), repeat=len(d))]
+  return float(np.mean(np.asarray(sums) >= d.sum() - 1e-9))
+
+
+def test_sign_flip_p_hand_worked():
+  assert sign_flip_p([0.5, 0.25, 0.1]) == 1 / 8            # all ahead: only the identity
+  assert sign_flip_p([0.5, 0.25, -0.1]) == 2 / 8           # plus flipping the -0.1
+  assert sign_flip_p([0.0, 0.5]) == 1 / 2                  # the zero doubles every pattern
+  assert sign_flip_p([-0.5, -0.25]) == 1.0
 
 
 @pytest.mark.slow
@@ -51,10 +72,10 @@ def test_the_teacher_makes_rised_beat_rised_no_teacher_on_held_out_doors(doors_m
   assert check["holds"], check
   constant, _ = doors.best_constant_pass_rate(
       doors.Doors(**doors.SUITE_GAMES["doors"]), [t.seed for t in mechanisms.held_out("doors")])
-  rised, n = held_out_wins("rised", doors_model, tmp_path / "rised")
-  no_teacher, m = held_out_wins("rised_no_teacher", doors_model, tmp_path / "no_teacher")
-  assert n == m == mechanisms.HELD_OUT
-  _, p = scipy.stats.fisher_exact([[rised, n - rised], [no_teacher, m - no_teacher]],
-                                  alternative="greater")
-  interval = scipy.stats.binomtest(rised, n).proportion_ci(0.95, "exact")
-  assert p < 0.05 and interval.low > constant, (rised, no_teacher, n, p, interval, constant)
+  rised = [held_out_pass_rate("rised", s, doors_model, tmp_path / f"rised_{s}") for s in SEEDS]
+  no_teacher = [held_out_pass_rate("rised_no_teacher", s, doors_model, tmp_path / f"off_{s}")
+                for s in SEEDS]
+  over_no_teacher = sign_flip_p(np.subtract(rised, no_teacher))
+  over_constant = sign_flip_p(np.subtract(rised, constant))
+  assert over_no_teacher < 0.05 and over_constant < 0.05, (
+      rised, no_teacher, constant, over_no_teacher, over_constant)
