@@ -37,13 +37,13 @@ def test_copy_rows_name_their_target_and_keep_held_out_instances_apart():
   assert not {data.training_instance()[1][2] for _ in range(100)} & data.held_out_keys
 
 
-@pytest.mark.slow
 def test_learning_rate_holds_then_decays_to_zero_over_the_last_fifth():
   rates = warmstart.learning_rates(10, 3e-3)
   expected = [3e-3] * 9 + [1.5e-3, 0.0]   # steps 0-8 at the peak, then halfway, then 0
   np.testing.assert_allclose([float(rates(i)) for i in range(11)], expected, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_warm_start_makes_the_teacher_line_raise_the_winning_move():
   """The pre-check the mechanism suite needs: after 300 steps, on held-out instances, the
   teacher prompt naming the winning move gives it >= 0.3 more probability than the student

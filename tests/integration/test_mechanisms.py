@@ -14,12 +14,10 @@ allow is 1/128) and beat the best constant policy by the same test. docs/rised.m
 """
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
-from rised_jax import mechanisms, trainer, warmstart
+from rised_jax import mechanisms, stats, trainer, warmstart
 from rised_jax.envs import doors
 from rised_jax.model import save_pretrained
 from tests.helpers.run_fixtures import CONFIGS, load_config_file
@@ -50,21 +48,6 @@ def held_out_pass_rate(preset: str, seed: int, model_dir: str, workdir) -> float
   return after["pass_rate"]
 
 
-def sign_flip_p(differences) -> float:
-  """Exact one-sided p of "the mean difference is > 0": the share of the 2^n sign patterns
-  whose sum reaches the observed one (a zero difference counts both ways, as it should)."""
-  d = np.asarray(differences, float)
-  sums = [np.dot(signs, d) for signs in itertools.product((1.0, -1.0), repeat=len(d))]
-  return float(np.mean(np.asarray(sums) >= d.sum() - 1e-9))
-
-
-def test_sign_flip_p_hand_worked():
-  assert sign_flip_p([0.5, 0.25, 0.1]) == 1 / 8            # all ahead: only the identity
-  assert sign_flip_p([0.5, 0.25, -0.1]) == 2 / 8           # plus flipping the -0.1
-  assert sign_flip_p([0.0, 0.5]) == 1 / 2                  # the zero doubles every pattern
-  assert sign_flip_p([-0.5, -0.25]) == 1.0
-
-
 @pytest.mark.slow
 def test_the_teacher_makes_rised_beat_rised_no_teacher_on_held_out_doors(doors_model, tmp_path):
   mechanisms.register_games()
@@ -75,7 +58,7 @@ def test_the_teacher_makes_rised_beat_rised_no_teacher_on_held_out_doors(doors_m
   rised = [held_out_pass_rate("rised", s, doors_model, tmp_path / f"rised_{s}") for s in SEEDS]
   no_teacher = [held_out_pass_rate("rised_no_teacher", s, doors_model, tmp_path / f"off_{s}")
                 for s in SEEDS]
-  over_no_teacher = sign_flip_p(np.subtract(rised, no_teacher))
-  over_constant = sign_flip_p(np.subtract(rised, constant))
+  over_no_teacher = stats.sign_flip_test(np.subtract(rised, no_teacher)).p_value
+  over_constant = stats.sign_flip_test(np.subtract(rised, constant)).p_value
   assert over_no_teacher < 0.05 and over_constant < 0.05, (
       rised, no_teacher, constant, over_no_teacher, over_constant)
