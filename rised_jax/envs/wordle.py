@@ -75,11 +75,14 @@ def load_words(path: str | pathlib.Path | None = None) -> tuple[str, ...]:
 
 
 class Solver:
-  """The consistent-candidate minimax solver over one word list (its choices are memoised)."""
+  """The consistent-candidate minimax solver over one word list (its choices and plays are
+  memoised: generating a paper-scale task stream asks for the same secrets' plays tens of
+  thousands of times, each a pass of `score` over the word list)."""
 
   def __init__(self, words: Sequence[str]):
     self.words = tuple(words)
     self._choice: dict[tuple[str, ...], str] = {}
+    self._plays: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, ...]] = {}
 
   def choose(self, candidates: tuple[str, ...]) -> str:
     """The candidate whose worst feedback leaves the fewest candidates (then fewest on average)."""
@@ -95,6 +98,12 @@ class Solver:
 
   def play(self, secret: str, history: Sequence[tuple[str, str]] = ()) -> list[str]:
     """The guesses the solver makes after `history` [(guess, feedback)], ending with `secret`."""
+    key = (secret, tuple(map(tuple, history)))
+    if key not in self._plays:
+      self._plays[key] = tuple(self._play(secret, key[1]))
+    return list(self._plays[key])
+
+  def _play(self, secret: str, history: tuple[tuple[str, str], ...]) -> list[str]:
     candidates = tuple(w for w in self.words
                        if all(score(guess, w) == feedback for guess, feedback in history))
     guesses = []

@@ -520,6 +520,8 @@ def test_wordle_solver_wins_every_word_within_max_turns():
     for i, guess in enumerate(guesses):  # every guess agrees with all earlier feedback
       assert all(wordle.score(earlier, guess) == wordle.score(earlier, secret)
                  for earlier in guesses[:i])
+    guesses.append("spoil")   # the memoised play hands out a copy: a caller cannot alter it
+    assert solver.play(secret)[-1] == secret
 
 
 def test_wordle_events_feedback_use_and_repeats():
