@@ -8,7 +8,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -296,12 +295,8 @@ def test_rised_compare_end_to_end_tiny(tmp_path):
        f"--config.model.source={model}", "--config.train.steps=1"]
       for p in ("rised", "grpo") for s in (0, 1)]
 
-  start = time.monotonic()
   done = _cli(*args)
-  seconds = time.monotonic() - start
   assert done.returncode == 0, done.stderr[-3000:]
-  assert seconds < 300, f"rised-compare took {seconds:.0f} s"
-  print(f"rised-compare tiny 2 presets × 2 seeds: {seconds:.0f} s")
 
   table = json.loads((root / "comparison.json").read_text())["pipelines"]["agentic"]
   assert table["seeds"] == [0, 1] and list(table["methods"]) == ["rised", "grpo"]
