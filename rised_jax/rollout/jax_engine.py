@@ -149,18 +149,16 @@ def inverse_cdf_draw(scaled: jax.Array, uniforms: jax.Array) -> jax.Array:
   return (block * _DRAW_BLOCK + jnp.minimum(offset, last_positive)).astype(jnp.int32)
 
 
-def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array,
+def sample_tokens(logits: jax.Array, uniforms: jax.Array, temperature: jax.Array,
                   top_k: jax.Array, top_p: jax.Array) -> jax.Array:
   """[B] int32 tokens: argmax where temperature is 0, else a draw from the tempered,
-  truncated distribution with each row's own key (keys: [B] typed PRNG keys), by
-  `inverse_cdf_draw` on one uniform per row."""
+  truncated distribution at each row's own uniform (uniforms [B] in (0, 1], from
+  `step_uniforms`), by `inverse_cdf_draw`."""
   sampling = temperature > 0
   scaled = logits / jnp.where(sampling, temperature, 1.0)[:, None]
   truncates = sampling & ((top_k > 0) | (top_p < 1.0))
   scaled = jax.lax.cond(jnp.any(truncates), lambda x: truncate_logits(x, top_k, top_p),
                         lambda x: x, scaled)
-  # 1 - U[0, 1) is in (0, 1]: a zero target would select token 0 whatever its weight.
-  uniforms = 1.0 - jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(keys)
   drawn = inverse_cdf_draw(scaled, uniforms)
   return jnp.where(sampling, drawn, jnp.argmax(logits, axis=-1)).astype(jnp.int32)
 
@@ -181,9 +179,18 @@ def row_keys(seeds: jax.Array) -> jax.Array:
   return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(0), seeds)
 
 
-def step_keys(keys: jax.Array, step: jax.Array | int) -> jax.Array:
-  """The keys of decode step `step` (0 = the token drawn after the prompt)."""
-  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
+def step_uniforms(keys: jax.Array, steps: int) -> jax.Array:
+  """[B, steps] float32 in (0, 1]: row b's uniform of decode step s (0 = the token drawn
+  after the prompt) is 1 - U[0, 1) under fold_in(keys[b], s); a zero target would select
+  token 0 whatever its weight.
+
+  Drawn for every step at once, before the decode loop: inside it, XLA:CPU runs each
+  threefry hash as a rolled loop of small kernels, which cost about a tenth of a tiny
+  model's decode step (docs/performance.md). The values are the same either way."""
+  def of_row(key):
+    return jax.vmap(lambda s: jax.random.uniform(jax.random.fold_in(key, s), (),
+                                                 jnp.float32))(jnp.arange(steps))
+  return 1.0 - jax.vmap(of_row)(keys)
 
 
 def _feed_prompt(model: Any, ids: jax.Array, mask: jax.Array, cache: Any,
@@ -204,7 +211,7 @@ def _first_tokens(logits, seeds, temperature, top_k, top_p, stop_ids, max_new, a
   loop's starting state (keys, ids, log-probs, lengths, done)."""
   batch = logits.shape[0]
   keys = row_keys(seeds)
-  tokens = sample_tokens(logits, step_keys(keys, 0), temperature, top_k, top_p)
+  tokens = sample_tokens(logits, step_uniforms(keys, 1)[:, 0], temperature, top_k, top_p)
   out_ids = jnp.zeros((batch, new_tokens), jnp.int32).at[:, 0].set(tokens)
   out_logprobs = jnp.zeros((batch, new_tokens), jnp.float32).at[:, 0].set(
       token_logprobs(logits, tokens))
@@ -820,6 +827,7 @@ class JaxEngine(EngineDefaults):
     self._traces[("decode", Bucket(batch, prompt_len, new_tokens))] += 1
     model = nnx.merge(self._graphdef, state)
     feed_mask = jnp.ones((batch, 1), jnp.int32)
+    uniforms = step_uniforms(keys, new_tokens)
 
     def unfinished(carry):
       step, _, _, _, _, done = carry
@@ -831,7 +839,9 @@ class JaxEngine(EngineDefaults):
       last = jax.lax.dynamic_slice_in_dim(out_ids, step - 1, 1, axis=1)
       logits, cache = model.forward_with_cache(last, feed_mask, cache, prompt_len + step - 1)
       logits = logits[:, 0]
-      tokens = sample_tokens(logits, step_keys(keys, step), temperature, top_k, top_p)
+      tokens = sample_tokens(logits, jax.lax.dynamic_index_in_dim(uniforms, step, axis=1,
+                                                                  keepdims=False),
+                             temperature, top_k, top_p)
       out_ids = jax.lax.dynamic_update_slice_in_dim(out_ids, tokens[:, None], step, axis=1)
       out_logprobs = jax.lax.dynamic_update_slice_in_dim(
           out_logprobs, token_logprobs(logits, tokens)[:, None], step, axis=1)

@@ -118,7 +118,7 @@ def test_sample_tokens_matches_truncated_distribution(top_k, top_p):
   draw = jax.jit(jax_engine.sample_tokens)
   tokens = np.asarray(draw(
       jnp.broadcast_to(jnp.asarray(logits), (n, 12)),
-      jax_engine.row_keys(jnp.arange(n, dtype=jnp.uint32)),
+      jax_engine.step_uniforms(jax_engine.row_keys(jnp.arange(n, dtype=jnp.uint32)), 1)[:, 0],
       jnp.full(n, temperature), jnp.full(n, top_k, jnp.int32), jnp.full(n, top_p)))
   probs = np_truncated_probs(logits / temperature, top_k, top_p)
   counts = np.bincount(tokens, minlength=12)
@@ -128,6 +128,18 @@ def test_sample_tokens_matches_truncated_distribution(top_k, top_p):
   assert stat < dof + 5 * np.sqrt(2 * dof) + 5, (stat, dof)
 
 
+def test_step_uniforms_are_each_steps_folded_key_draw():
+  """Drawn for all steps at once, column s of row b is still 1 - U[0, 1) under
+  fold_in(key_b, s), computed here one element at a time; all lie in (0, 1]."""
+  keys = jax_engine.row_keys(jnp.asarray([0, 7, 2**32 - 1], dtype=jnp.uint32))
+  got = np.asarray(jax.jit(jax_engine.step_uniforms, static_argnums=1)(keys, 5))
+  want = np.array([[1.0 - float(jax.random.uniform(jax.random.fold_in(keys[b], s), (),
+                                                   jnp.float32)) for s in range(5)]
+                   for b in range(3)], np.float32)
+  np.testing.assert_array_equal(got, want)
+  assert got.min() > 0 and got.max() <= 1 and len(np.unique(got)) == got.size
+
+
 def np_inverse_cdf(probs, u):
   """The oracle: the first index whose float64 cumulative probability reaches u."""
   return int(np.searchsorted(np.cumsum(probs, dtype=np.float64), u * probs.sum(), side="left"))
@@ -135,7 +147,8 @@ def np_inverse_cdf(probs, u):
 
 def test_sample_tokens_is_the_inverse_cdf_of_the_row_uniform():
   """Row by row, over several vocabulary blocks: the token numpy's float64 inverse CDF of the
-  tempered, truncated probabilities gives at the row's uniform (1 - U[0, 1) from its key);
+  tempered, truncated probabilities gives at the row's step-0 uniform (1 - U[0, 1) from its
+  key folded with 0);
   greedy rows: numpy's argmax. Draws within rounding of a CDF boundary are not compared."""
   rows, vocab = 96, 300
   logits = np.random.default_rng(1).normal(size=(rows, vocab)).astype(np.float32) * 2
@@ -144,8 +157,8 @@ def test_sample_tokens_is_the_inverse_cdf_of_the_row_uniform():
   top_p = np.where(np.arange(rows) % 5 == 0, 0.9, 1.0).astype(np.float32)
   keys = jax_engine.row_keys(jnp.arange(rows, dtype=jnp.uint32))
   tokens = np.asarray(jax.jit(jax_engine.sample_tokens)(
-      jnp.asarray(logits), keys, jnp.asarray(temperature), jnp.asarray(top_k),
-      jnp.asarray(top_p)))
+      jnp.asarray(logits), jax_engine.step_uniforms(keys, 1)[:, 0], jnp.asarray(temperature),
+      jnp.asarray(top_k), jnp.asarray(top_p)))
   compared = 0
   for row in range(rows):
     if temperature[row] == 0:
@@ -153,7 +166,7 @@ def test_sample_tokens_is_the_inverse_cdf_of_the_row_uniform():
       continue
     probs = np_truncated_probs(logits[row].astype(np.float64) / temperature[row],
                                top_k[row], top_p[row])
-    u = 1.0 - float(jax.random.uniform(keys[row], (), jnp.float32))
+    u = 1.0 - float(jax.random.uniform(jax.random.fold_in(keys[row], 0), (), jnp.float32))
     cdf = np.cumsum(probs)
     if np.min(np.abs(cdf - u)) < 1e-5:
       continue
