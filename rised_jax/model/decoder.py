@@ -72,14 +72,14 @@ class KVCache(NamedTuple):
   slots are simply marked invalid.
   """
 
-  k: jax.Array          # [L, B, S, KVH, hd] keys, RoPE already applied
-  v: jax.Array          # [L, B, S, KVH, hd]
+  k: jax.Array          # [L, B, KVH, hd, S] keys, RoPE already applied
+  v: jax.Array          # [L, B, KVH, S, hd]
   positions: jax.Array  # [B, S] int32, RoPE position of the token in each slot
   valid: jax.Array      # [B, S] bool, the slot holds a real (non-padding) token
 
 
 class LayerCache(NamedTuple):
-  """Layer `index`'s view of the stacked keys and values [L, B, S, KVH, hd].
+  """Layer `index`'s view of the stacked keys [L, B, KVH, hd, S] and values [L, B, KVH, S, hd].
 
   The layer writes its new columns into the stack and attends over its own slice. Passing
   the whole stack (rather than a slice in, a slice out and a re-stack) lets XLA update the
@@ -154,20 +154,24 @@ def softcap_logits(logits: jax.Array, cap: float | None) -> jax.Array:
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scale: float,
               softcap: float | None = None) -> jax.Array:
-  """Grouped-query attention without repeating keys.
+  """Grouped-query attention without repeating keys, over the KV cache's layout.
 
-  q [B, T, H, hd], k/v [B, S, KVH, hd], mask [B, T, S] -> [B, T, H, hd]. Scores and softmax
-  in float32; optional tanh softcapping of the scores before masking.
+  q [B, T, H, hd], k [B, KVH, hd, S], v [B, KVH, S, hd], mask [B, T, S] -> [B, T, H, hd].
+  Scores and softmax in float32; optional tanh softcapping of the scores before masking.
+  Keys and values are stored the way the two batched dots read them (q·k and p·v with
+  B × KVH as batch), so a decode step transposes only the T new columns, not the whole
+  cache (docs/performance.md).
   """
   batch, length, heads, head_dim = q.shape
-  kv_heads = k.shape[2]
+  kv_heads = k.shape[1]
   q = q.reshape(batch, length, kv_heads, heads // kv_heads, head_dim)
-  scores = jnp.einsum("btkgd,bskd->bkgts", q, k,
+  q = jnp.transpose(q, (0, 2, 3, 1, 4))                                    # [B, KVH, G, T, hd]
+  scores = jnp.einsum("bkgtd,bkds->bkgts", q, k,
                       preferred_element_type=jnp.float32) * scale
   scores = jnp.where(mask[:, None, None], softcap_logits(scores, softcap), _MASKED_SCORE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-  return out.reshape(batch, length, heads, head_dim)
+  out = jnp.einsum("bkgts,bksd->bkgtd", probs, v)
+  return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(batch, length, heads, head_dim)
 
 
 def query_block_size(length: int) -> int:
@@ -436,10 +440,12 @@ class Attention(nnx.Module):
       # Full sequence: the mask is causal over these T slots, so later keys can be skipped.
       out = causal_block_attention(q, k, v, mask, scale=self.scale, softcap=self.softcap)
     else:
-      start = (kv.index, 0, cache_index, 0, 0)
-      kv = LayerCache(jax.lax.dynamic_update_slice(kv.k, k[None].astype(kv.k.dtype), start),
-                      jax.lax.dynamic_update_slice(kv.v, v[None].astype(kv.v.dtype), start),
-                      kv.index)
+      # The new columns in the cache's layout: keys [1, B, KVH, hd, T], values [1, B, KVH, T, hd].
+      new_k = jnp.transpose(k, (0, 2, 3, 1))[None].astype(kv.k.dtype)
+      new_v = jnp.transpose(v, (0, 2, 1, 3))[None].astype(kv.v.dtype)
+      kv = LayerCache(
+          jax.lax.dynamic_update_slice(kv.k, new_k, (kv.index, 0, 0, 0, cache_index)),
+          jax.lax.dynamic_update_slice(kv.v, new_v, (kv.index, 0, 0, cache_index, 0)), kv.index)
       k, v = (jax.lax.dynamic_index_in_dim(a, kv.index, keepdims=False) for a in (kv.k, kv.v))
       out = attention(q, k.astype(self.dtype), v.astype(self.dtype), mask, scale=self.scale,
                       softcap=self.softcap)
@@ -536,7 +542,7 @@ def _scan_layers(layers: DecoderLayer, x: jax.Array, tables: list[tuple[jax.Arra
 
   Layer i uses RoPE tables tables[rope_of[i]] and mask masks[window_of[i]] (Gemma 3 mixes
   local and global layers), picked inside the body by index. kv: the cache's keys and values
-  [L, B, S, KVH, hd], carried whole through the scan (each layer writes its own columns in
+  (`KVCache`'s layouts), carried whole through the scan (each layer writes its own columns in
   place); returns the updated ones (None without a cache). With `remat`, each layer's body is
   rematerialised (`jax.checkpoint`) in the backward pass.
   """
@@ -613,8 +619,8 @@ class Decoder(nnx.Module):
 
     Every query position lies below `num_positions` (`rope_tables`).
 
-    Returns (hidden states after the final norm, the updated keys and values [L, B, S, KVH,
-    hd] when a cache is given, else None).
+    Returns (hidden states after the final norm, the updated keys and values (`KVCache`'s
+    layouts) when a cache is given, else None).
     """
     cfg = self.cfg
     ropes: dict[RopeConfig, int] = {}
@@ -669,9 +675,10 @@ class Decoder(nnx.Module):
   def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
     """An empty cache of `max_len` slots per row (keys/values in `dtype`, default compute)."""
     cfg = self.cfg
-    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    heads = (cfg.num_layers, batch, cfg.num_kv_heads)
     dtype = self.dtype if dtype is None else dtype
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+    return KVCache(k=jnp.zeros((*heads, cfg.head_dim, max_len), dtype),
+                   v=jnp.zeros((*heads, max_len, cfg.head_dim), dtype),
                    positions=jnp.zeros((batch, max_len), jnp.int32),
                    valid=jnp.zeros((batch, max_len), bool))
 

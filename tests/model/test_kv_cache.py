@@ -79,7 +79,10 @@ def test_cache_contents_after_prefill(setup):
   _, model, ids, mask, _ = setup
   cfg = model.cfg
   _, cache = _run(model, ids, mask, (9,))
-  assert cache.k.shape == (cfg.num_layers, 3, MAX_LEN, cfg.num_kv_heads, cfg.head_dim)
+  # Keys slot-minor and values head-major: the layouts the attention's two dots read.
+  heads = (cfg.num_layers, 3, cfg.num_kv_heads)
+  assert cache.k.shape == (*heads, cfg.head_dim, MAX_LEN)
+  assert cache.v.shape == (*heads, MAX_LEN, cfg.head_dim)
   assert cache.k.dtype == jnp.float32 and cache.positions.dtype == jnp.int32
   valid = np.zeros((3, MAX_LEN), bool)
   positions = np.zeros((3, MAX_LEN), np.int32)
@@ -89,7 +92,11 @@ def test_cache_contents_after_prefill(setup):
   np.testing.assert_array_equal(np.asarray(cache.valid), valid)
   np.testing.assert_array_equal(np.asarray(cache.positions), positions)
   # Unwritten slots stay zero.
-  assert not np.asarray(cache.k[:, :, 9:]).any()
+  assert not np.asarray(cache.k[..., 9:]).any() and not np.asarray(cache.v[:, :, :, 9:]).any()
+  # Written slots hold the real tokens' keys and values.
+  for b, length in enumerate(PROMPT_LENGTHS):
+    assert np.abs(np.asarray(cache.k[:, b, ..., 9 - length:9])).min(axis=-2).all()
+    assert np.abs(np.asarray(cache.v[:, b, :, 9 - length:9])).max(axis=-1).all()
 
 
 def test_rewinding_the_cache_index_discards_later_slots(setup):

@@ -118,6 +118,13 @@ def _numpy_attention(q, k, v, mask, scale, softcap):
   return out
 
 
+def plain_attention(q, k, v, mask, *, scale, softcap=None):
+  """`dec.attention` on keys and values laid out [B, S, KVH, hd], as the sequence passes have
+  them (it reads the cache's layouts: keys [B, KVH, hd, S], values [B, KVH, S, hd])."""
+  return dec.attention(q, jnp.transpose(k, (0, 2, 3, 1)), jnp.transpose(v, (0, 2, 1, 3)), mask,
+                       scale=scale, softcap=softcap)
+
+
 @pytest.mark.parametrize("softcap", [None, 2.0])
 def test_attention_matches_numpy(softcap):
   rng = np.random.default_rng(0)
@@ -126,8 +133,8 @@ def test_attention_matches_numpy(softcap):
   v = rng.normal(size=(2, 7, 2, 4)).astype(np.float32)
   mask = rng.random((2, 5, 7)) < 0.6
   mask[1, 2] = False   # a query that sees nothing (a padding row)
-  out = dec.attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(mask),
-                      scale=0.5, softcap=softcap)
+  out = plain_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(mask),
+                        scale=0.5, softcap=softcap)
   np.testing.assert_allclose(np.asarray(out), _numpy_attention(q, k, v, mask, 0.5, softcap),
                              atol=1e-5)
 
@@ -278,7 +285,7 @@ def test_block_attention_equals_masked_attention(side, window, softcap, block):
   if side == "left":
     assert not sees_a_key.all()   # the case includes padding queries that see nothing
   plain = _values_and_grads(
-      lambda q, k, v, m: dec.attention(q, k, v, m, scale=0.3, softcap=softcap),
+      lambda q, k, v, m: plain_attention(q, k, v, m, scale=0.3, softcap=softcap),
       q, k, v, mask, weights)
   blocked = _values_and_grads(
       lambda q, k, v, m: dec.causal_block_attention(q, k, v, m, scale=0.3, softcap=softcap,
@@ -323,7 +330,7 @@ def test_block_attention_skips_work_and_keeps_no_score_matrix():
   mask = dec.visible_keys(slots, positions, slots, positions, ones, None)
   score_matrix_bytes = batch * heads * length * length * 4
   flops, temp_bytes = {}, {}
-  for name, attend in (("plain", dec.attention), ("block", dec.causal_block_attention)):
+  for name, attend in (("plain", plain_attention), ("block", dec.causal_block_attention)):
     forward = jax.jit(lambda q, kv, m, f=attend: f(q, kv, kv, m, scale=0.3))
     cost = forward.lower(q, kv, mask).compile().cost_analysis()
     flops[name] = (cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"]
@@ -370,7 +377,7 @@ def test_decoder_gradients_equal_those_of_plain_attention(monkeypatch):
 
   blocked = grads(remat=True)
   monkeypatch.setattr(dec, "causal_block_attention",
-                      lambda q, k, v, m, *, scale, softcap: dec.attention(
+                      lambda q, k, v, m, *, scale, softcap: plain_attention(
                           q, k, v, m, scale=scale, softcap=softcap))
   plain = grads(remat=False)
   assert len(plain) == len(blocked) > 0
