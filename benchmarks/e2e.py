@@ -35,8 +35,10 @@ machine's limits are probed in this process first (`common.probe_machine`: fp32 
 read bandwidth, load average before; the load after is recorded too), and each part's stages
 are given as fractions of them (`limit_fraction`): the rollout's decode against the
 bandwidth bound (`flops.decode_read_bytes`: weights + the filled KV cache read per decode
-step), and against the kernel-launch bound (our decode loop's kernels per step, counted in
-its compiled program, × the probed cost of one launch), the step's model FLOPs
+step), and against the kernel-launch floor (our decode loop's kernels per step, counted in
+its compiled program, × the probed cost of launching an empty kernel: a loose floor, since a
+decode kernel's work costs far more than its launch; `rollout_s_per_decode_kernel` gives the
+rollout's seconds per decode kernel beside it), the step's model FLOPs
 (`flops.train_step_flops`) against the matmul rate. The agentic
 step reports its MFU (model FLOPs with the vocabulary head over the columns the loss reads,
 as the step runs it, over its compile-free time, against the probed rate; the trainer's
@@ -105,11 +107,14 @@ def single_turn_limits(part: dict[str, Any], args: argparse.Namespace,
   update = stages["step"] if "step" in stages else stages["update"]
   dispatch = {}
   if "decode_kernels_per_step" in part:   # ours: the kernels its decode loop launches
-    # Token 0 comes from the prefill; each later token is one decode step.
-    kernel_s = (args.completion_len - 1) * part["decode_kernels_per_step"]
-    dispatch = {"decode_kernel_launch_s": kernel_s * limits["seconds_per_kernel"],
+    # Token 0 comes from the prefill; each later token is one decode step. The launch floor
+    # (kernels × an empty kernel's cost) is far below the rollout: what the kernels do, not
+    # their launches, sets its time. The rollout's seconds per decode kernel say how far.
+    kernels = (args.completion_len - 1) * part["decode_kernels_per_step"]
+    dispatch = {"decode_kernel_launch_s": kernels * limits["seconds_per_kernel"],
                 "rollout_of_dispatch_bound": common.limit_fraction(
-                    kernel_s, stages["rollout"], 1.0 / limits["seconds_per_kernel"])}
+                    kernels, stages["rollout"], 1.0 / limits["seconds_per_kernel"]),
+                "rollout_s_per_decode_kernel": stages["rollout"] / kernels}
   return {"decode_read_bytes": decode, "step_model_flops": step, **dispatch,
           "rollout_of_bandwidth_bound": common.limit_fraction(
               decode, stages["rollout"], limits["read_bytes_per_s"]),
@@ -340,7 +345,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--group-size", type=int, default=4, help="G")
   parser.add_argument("--prompt-len", type=int, default=64)
   parser.add_argument("--completion-len", type=int, default=64)
-  parser.add_argument("--chunk", type=int, default=256, help="loss chunk of our step")
+  parser.add_argument("--chunk", type=int, default=None,
+                      help="loss chunk of our step (default: --completion-len, the rule of the "
+                           "main job's config: one chunk holds a row's trained columns)")
   parser.add_argument("--warmup", type=int, default=1)
   parser.add_argument("--iters", type=int, default=3)
   parser.add_argument("--rounds", type=int, default=1,
@@ -355,6 +362,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--driver", type=Path, default=vs_tunix.DEFAULT_DRIVER)
   parser.add_argument("--skip-tunix", action="store_true")
   args = parser.parse_args(argv)
+  if args.chunk is None:
+    args.chunk = args.completion_len
   for key in ("prompts", "group_size", "prompt_len", "completion_len", "chunk", "iters",
               "rounds", "pool_groups", "batch_groups"):
     if getattr(args, key) < 1:
@@ -411,8 +420,10 @@ def main(argv: Sequence[str] | None = None, tokenizer=None) -> dict[str, Any]:
             f"bound, step {fractions['step_of_matmul_rate']:.1%} of the matmul rate")
       if "rollout_of_dispatch_bound" in fractions:
         print(f"{name}: decode launches {parts[name]['decode_kernels_per_step']} kernels per "
-              f"step; rollout {fractions['rollout_of_dispatch_bound']:.1%} of the kernel-launch "
-              f"bound ({limits['seconds_per_kernel'] * 1e6:.1f} µs per kernel)")
+              f"step; the rollout takes {fractions['rollout_s_per_decode_kernel'] * 1e6:.1f} µs "
+              f"per decode kernel, an empty kernel's launch "
+              f"{limits['seconds_per_kernel'] * 1e6:.2f} µs (launch floor "
+              f"{fractions['rollout_of_dispatch_bound']:.1%} of the rollout)")
   agentic = parts["ours_agentic"]
   print(f"ours_agentic step: MFU {agentic['step_mfu']:.1%}, "
         f"{agentic['step_trained_tokens_per_s']:.1f} trained tokens/s (compile excluded)")

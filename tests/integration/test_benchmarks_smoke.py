@@ -291,6 +291,8 @@ def test_e2e_json_rates_and_shares_follow_from_its_times(e2e_run):
     assert _close(part["iteration_s"], sum(part["stage_s"].values()))   # one iteration
   # Single-turn work without a stop token: every completion has exactly C trained tokens.
   assert written["ours_common"]["trained_tokens_per_iteration"] == E2E_PROMPTS * E2E_G * E2E_C
+  # --chunk defaults to the completion length: one loss chunk holds a row's trained columns.
+  assert written["args"]["chunk"] == E2E_C
   assert set(written["ours_agentic"]["stage_s"]) == {
       "rollout", "judge", "advantages", "select", "teacher", "batch", "step", "sync"}
   assert written["ours_agentic"]["trained_tokens_per_iteration"] > 0
@@ -317,6 +319,8 @@ def test_e2e_limit_fractions_follow_from_the_probe(e2e_run):
   assert _close(ours["limit_fractions"]["rollout_of_dispatch_bound"],
                 (E2E_C - 1) * ours["decode_kernels_per_step"] * limits["seconds_per_kernel"]
                 / ours["stage_s"]["rollout"])
+  assert _close(ours["limit_fractions"]["rollout_s_per_decode_kernel"],
+                ours["stage_s"]["rollout"] / ((E2E_C - 1) * ours["decode_kernels_per_step"]))
   agentic = written["ours_agentic"]
   (work,) = agentic["step_work"]   # one timed iteration
   assert _close(agentic["step_mfu"],
