@@ -345,9 +345,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--group-size", type=int, default=4, help="G")
   parser.add_argument("--prompt-len", type=int, default=64)
   parser.add_argument("--completion-len", type=int, default=64)
-  parser.add_argument("--chunk", type=int, default=None,
-                      help="loss chunk of our step (default: --completion-len, the rule of the "
-                           "main job's config: one chunk holds a row's trained columns)")
+  parser.add_argument("--chunk", type=int, default=256, help="loss chunk of our step")
   parser.add_argument("--warmup", type=int, default=1)
   parser.add_argument("--iters", type=int, default=3)
   parser.add_argument("--rounds", type=int, default=1,
@@ -362,8 +360,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--driver", type=Path, default=vs_tunix.DEFAULT_DRIVER)
   parser.add_argument("--skip-tunix", action="store_true")
   args = parser.parse_args(argv)
-  if args.chunk is None:
-    args.chunk = args.completion_len
   for key in ("prompts", "group_size", "prompt_len", "completion_len", "chunk", "iters",
               "rounds", "pool_groups", "batch_groups"):
     if getattr(args, key) < 1:
