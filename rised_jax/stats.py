@@ -2,6 +2,7 @@
 
   wilson_interval(k, n)         Wilson score interval of a binomial proportion (scipy)
   t_interval(values)            Student-t interval of a mean (over seeds, over rubric scores)
+  median_interval(values)       distribution-free interval of a median (order statistics)
   paired_bootstrap(a, b, seed)  seeded bootstrap of mean(a − b), resampling pairs together
   sign_flip_test(differences)   one-sided exact p of mean(d) > 0 over the 2^n sign patterns
   paired_t(a, b)                paired Student-t interval and p-values of mean(a − b)
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import scipy.stats
@@ -85,6 +86,38 @@ class PairedBootstrap:
   p_not_better: float
   pairs: int
   resamples: int
+
+
+class MedianInterval(NamedTuple):
+  """A median with its order-statistic interval and the interval's exact coverage."""
+
+  median: float
+  low: float
+  high: float
+  coverage: float   # P(low <= true median <= high) for any continuous distribution
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> MedianInterval:
+  """The sample median and the narrowest symmetric order-statistic interval [x_(k), x_(n+1−k)]
+  whose exact coverage, 1 − 2·P(Bin(n, ½) ≤ k − 1), is at least `confidence`; distribution-
+  free (needs only independent draws of a continuous quantity). Few values cannot reach every
+  level: then the interval is [min, max] and `coverage` says what it has (1 − 2⁻⁽ⁿ⁻¹⁾, e.g.
+  0.9375 at n = 5).
+  """
+  _check_confidence(confidence, "median_interval")
+  array = np.sort(_finite_values(values, "median_interval"))
+  n = array.size
+  if n < 2:
+    raise ValueError(f"median_interval: {n} value(s); expected at least 2")
+
+  def coverage(k: int) -> float:   # of [x_(k), x_(n+1-k)], k 1-based
+    return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2.0 ** n
+
+  k = 1
+  while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= confidence:
+    k += 1
+  return MedianInterval(float(np.median(array)), float(array[k - 1]), float(array[n - k]),
+                        coverage(k))
 
 
 def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, seed: int = 0,

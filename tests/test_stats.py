@@ -228,3 +228,37 @@ def test_paired_t_matches_scipy_ttest_rel():
 def test_paired_t_rejects_bad_input():
   with pytest.raises(ValueError, match=">= 2"):
     stats.paired_t([0.5], [0.4])
+
+
+def test_median_interval_hand_worked():
+  # n = 5: only [min, max] is possible, coverage 1 − 2/32.
+  assert stats.median_interval([3.0, 1.0, 2.0, 5.0, 4.0]) == (3.0, 1.0, 5.0, 0.9375)
+  # n = 10: P(Bin(10, ½) ≤ 1) = 11/1024, so [x_(2), x_(9)] covers 1 − 22/1024; the next one
+  # in, [x_(3), x_(8)], would cover 1 − 112/1024 < 0.95.
+  assert stats.median_interval(list(range(10))) == (4.5, 1.0, 8.0, 1 - 22 / 1024)
+  # n = 20 at 95 %: the textbook ranks 6 and 15.
+  result = stats.median_interval(np.arange(20.0)[::-1])
+  assert (result.low, result.high) == (5.0, 14.0)
+  assert result.coverage == pytest.approx(1 - 2 * scipy.stats.binom.cdf(5, 20, 0.5))
+
+
+def test_median_interval_covers_the_true_median_as_often_as_it_says():
+  rng = np.random.default_rng(0)
+  for n in (5, 9, 20):
+    draws = rng.exponential(size=(20000, n))   # true median ln 2
+    hits = []
+    for row in draws:
+      result = stats.median_interval(row)
+      hits.append(result.low <= np.log(2) <= result.high)
+    claimed = stats.median_interval(draws[0]).coverage
+    assert abs(np.mean(hits) - claimed) < 4 * np.sqrt(claimed * (1 - claimed) / len(draws))
+
+
+@pytest.mark.parametrize("values, confidence, message", [
+    ([1.0], 0.95, "at least 2"),
+    ([1.0, float("nan")], 0.95, "non-finite"),
+    ([1.0, 2.0], 1.5, "confidence"),
+])
+def test_median_interval_refuses_bad_input(values, confidence, message):
+  with pytest.raises(ValueError, match=message):
+    stats.median_interval(values, confidence)

@@ -271,7 +271,7 @@ def e2e_run(tmp_path_factory):
   argv = ["--prompts", str(E2E_PROMPTS), "--group-size", str(E2E_G), "--prompt-len", "8",
           "--completion-len", str(E2E_C), "--warmup", "0", "--iters", "1",
           "--envs", "frozenlake", "--pool-groups", "2", "--batch-groups", "1",
-          "--out", str(out)]
+          "--rounds", "2", "--out", str(out)]
   if not vs_tunix.venv_python(vs_tunix.DEFAULT_VENV).exists():
     argv.append("--skip-tunix")
   returned = e2e.main(argv, tokenizer=mu.tiny_tokenizer())
@@ -291,6 +291,13 @@ def test_e2e_json_rates_and_shares_follow_from_its_times(e2e_run):
     assert _close(part["iteration_s"], sum(part["stage_s"].values()))   # one iteration
   # Single-turn work without a stop token: every completion has exactly C trained tokens.
   assert written["ours_common"]["trained_tokens_per_iteration"] == E2E_PROMPTS * E2E_G * E2E_C
+  if "tunix" in written:   # each round's pair gives its own ratio; n = 2: [min, max], ½
+    per_round = [ours["trained_tokens_per_s"] / tunix["trained_tokens_per_s"] for ours, tunix
+                 in zip(written["ours_common"]["rounds"], written["tunix"]["rounds"])]
+    assert len(per_round) == 2 and np.allclose(written["ratio_per_round"], per_round)
+    assert written["ratio_per_round_median"] == pytest.approx(
+        {"median": np.mean(per_round), "low": min(per_round), "high": max(per_round),
+         "coverage": 0.5})
   assert set(written["ours_agentic"]["stage_s"]) == {
       "rollout", "judge", "advantages", "select", "teacher", "batch", "step", "sync"}
   assert written["ours_agentic"]["trained_tokens_per_iteration"] > 0
