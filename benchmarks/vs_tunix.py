@@ -18,7 +18,9 @@ no gradient clipping. Timing on both sides: median of --iters calls after --warm
 blocked until ready; compile reported apart (tunix: its first call, compile + one step).
 
 With --rounds R the pair is measured R times, alternating which side goes first, and the
-ratio uses the median over rounds of each side's median step time.
+ratio uses the median over rounds of each side's median step time. Each round's own ratio
+(its two sides ran back to back, so the machine's drift between rounds cancels) is kept too,
+with their median and its order-statistic interval (`stats.median_interval`).
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from benchmarks import train_step as train_step_bench  # noqa: E402
+from rised_jax import stats  # noqa: E402
 from rised_jax.learn import loss_terms, train_step as step_lib  # noqa: E402
 
 TUNIX_SPEC = "google-tunix==0.1.7"
@@ -142,13 +145,16 @@ def compare(preset: str, args: argparse.Namespace, python: Path,
   tokens = args.batch * (args.prompt_len + args.response_len)
   cfg = common.model_config(preset)
   flops = common.train_step_flops(cfg, args.batch, args.prompt_len + args.response_len)["total"]
+  per_round = [r["tunix"]["median_s"] / r["ours"]["step"]["median_s"] for r in rounds]
+  paired = ({"speedup_per_round_median": stats.median_interval(per_round)._asdict()}
+            if len(per_round) >= 2 else {})
   return {
       "config": preset, "tokens_per_step": tokens, "model_flops": flops, "rounds": rounds,
       "tunix_step_s": tunix_s, "ours_step_s": ours_s, "ours_cpu_step_s": ours_cpu_s,
       "tunix_tokens_per_s": tokens / tunix_s, "ours_tokens_per_s": tokens / ours_s,
       "tunix_mfu": common.limit_fraction(flops, tunix_s, matmul["flops_per_s"]),
       "ours_mfu": common.limit_fraction(flops, ours_s, matmul["flops_per_s"]),
-      "speedup_ours_over_tunix": tunix_s / ours_s,
+      "speedup_ours_over_tunix": tunix_s / ours_s, "speedup_per_round": per_round, **paired,
   }
 
 
@@ -204,6 +210,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"{r['ours_cpu_step_s'] * 1e3:11.1f} "
           f"{r['tunix_tokens_per_s']:11.0f} {r['ours_tokens_per_s']:11.0f} "
           f"{r['tunix_mfu']:9.1%} {r['ours_mfu']:9.1%} {r['speedup_ours_over_tunix']:9.2f}x")
+  for r in results:
+    if "speedup_per_round_median" in r:
+      paired = r["speedup_per_round_median"]
+      print(f"{r['config']}: per round median {paired['median']:.2f}x, [{paired['low']:.2f}, "
+            f"{paired['high']:.2f}] covers it with probability {paired['coverage']:.3f}")
   print(f"target: ours/tunix >= {SPEEDUP_TARGET}x; matmul rate "
         f"{matmul['flops_per_s'] / 1e9:.1f} GFLOP/s")
   args_json = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}

@@ -237,24 +237,34 @@ def test_vs_tunix_ratio_follows_from_reported_times(tmp_path):
   result = vs_tunix.main([
       "--configs", TINY, "--batch", str(ROWS), "--prompt-len", str(PROMPT),
       "--response-len", str(RESPONSE), "--chunk", "32", "--warmup", "1", "--iters", "2",
-      "--matmul-size", "128", "--matmul-seconds", "0", "--out", str(out)])
+      "--rounds", "2", "--matmul-size", "128", "--matmul-seconds", "0", "--out", str(out)])
   assert json.loads(out.read_text()) == json.loads(json.dumps(result))
   assert result["tunix_venv"]["jax"] == result["machine"]["jax"]
   (config,) = result["configs"]
-  (round_,) = config["rounds"]
-  assert round_["order"] == ["tunix", "ours"]
-  assert _close(config["tunix_step_s"], round_["tunix"]["median_s"])
-  assert _close(config["ours_step_s"], round_["ours"]["step"]["median_s"])
-  assert _close(config["ours_cpu_step_s"], round_["ours"]["step"]["cpu_median_s"])
+  rounds = config["rounds"]
+  assert [r["order"] for r in rounds] == [["tunix", "ours"], ["ours", "tunix"]]
+  tunix = [r["tunix"]["median_s"] for r in rounds]
+  ours = [r["ours"]["step"]["median_s"] for r in rounds]
+  assert _close(config["tunix_step_s"], np.mean(tunix))   # the median of two
+  assert _close(config["ours_step_s"], np.mean(ours))
+  assert _close(config["ours_cpu_step_s"],
+                np.mean([r["ours"]["step"]["cpu_median_s"] for r in rounds]))
   assert _close(config["speedup_ours_over_tunix"], config["tunix_step_s"] / config["ours_step_s"])
+  # Each round's own ratio; two values give [min, max], which covers the median with ½.
+  per_round = [t / o for t, o in zip(tunix, ours)]
+  assert np.allclose(config["speedup_per_round"], per_round)
+  assert config["speedup_per_round_median"] == pytest.approx(
+      {"median": np.mean(per_round), "low": min(per_round), "high": max(per_round),
+       "coverage": 0.5})
   assert config["tokens_per_step"] == ROWS * SEQ
   assert _close(config["ours_tokens_per_s"], ROWS * SEQ / config["ours_step_s"])
   assert _close(config["tunix_tokens_per_s"], ROWS * SEQ / config["tunix_step_s"])
   # Both sides ran the same architecture: the same number of parameters.
   d, f, vocab = 128, 512, 512
   per_layer = d * 4 * 32 * 2 + d * 2 * 32 * 2 + 3 * d * f + 2 * d + 2 * 32
-  assert round_["tunix"]["n_params"] == vocab * d + 2 * per_layer + d
-  assert math.isfinite(round_["ours"]["final_loss"])
+  for round_ in rounds:
+    assert round_["tunix"]["n_params"] == vocab * d + 2 * per_layer + d
+    assert math.isfinite(round_["ours"]["final_loss"])
 
 
 # ----------------------------------------------------------------------------- e2e.py
