@@ -69,6 +69,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks import common, vs_tunix  # noqa: E402
+from benchmarks.peers.plain_jax_step import PlainGRPOStep  # noqa: E402
 from rised_jax import config as config_lib, parallel, pipelines, stats, trainer  # noqa: E402
 from rised_jax.learn import advantages as advantages_lib  # noqa: E402
 from rised_jax.learn import flops, train_step as step_lib  # noqa: E402
@@ -152,6 +153,17 @@ def over_rounds(summaries: list[dict[str, Any]]) -> dict[str, Any]:
                      for s in summaries]}
 
 
+def plain_over_rounds(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+  """The plain JAX step over rounds: the median of each round's median time, each round's
+  ratio of our step's median to it (the two ran side by side) and their median."""
+  plain = [s["plain_jax_step"] for s in summaries]
+  per_round = [p["ours_over_plain"] for p in plain]
+  return {"step_s": float(np.median([p["step_s"] for p in plain])),
+          "ours_over_plain": float(np.median(per_round)), "ours_over_plain_per_round": per_round,
+          "steps_s": [t for p in plain for t in p["steps_s"]],
+          "agreement": [a for p in plain for a in p["agreement"]]}
+
+
 # ----------------------------------------------------------------------------- ours, common
 
 
@@ -180,9 +192,14 @@ def run_ours_common(args: argparse.Namespace) -> dict[str, Any]:
     return decode(*call_args)
 
   engine._decode = recording_decode   # noqa: SLF001
+  # The naive version of the step, timed beside it on the same batch and parameters.
+  policy = config.policy_gradient
+  plain = PlainGRPOStep(trainable.model(state), learning_rate=vs_tunix.OPTIMIZER.learning_rate,
+                        weight_decay=vs_tunix.OPTIMIZER.weight_decay,
+                        eps_low=policy.eps_low, eps_high=policy.eps_high)
   rng = np.random.default_rng(0)
   carry = {"state": state}
-  iterations, tokens = [], []
+  iterations, tokens, plain_s, agreement = [], [], [], []
   for index in range(args.warmup + args.iters):
     timer = StageTimer()
     prompts = rng.integers(3, cfg.vocab_size, (args.prompts, p))
@@ -198,15 +215,45 @@ def run_ours_common(args: argparse.Namespace) -> dict[str, Any]:
       carry["state"], metrics = trainable.step(carry["state"], trainable.put_batch(batch))
       return metrics
 
+    # The plain step's timer is its own: it is not part of our iteration. The two go first
+    # in turn, so neither always runs on the cache the rollout left.
+    plain_timer, weights = StageTimer(), plain.params(trainable.model(carry["state"]))
+    plain_batch = {k: jax.numpy.asarray(v) for k, v in batch.items()}
+    run_plain = lambda: plain_timer("plain", lambda: plain(weights, plain_batch))  # noqa: E731
+    if index % 2:
+      _, plain_loss, plain_norm = run_plain()
     metrics = timer("step", step)
+    if not index % 2:
+      _, plain_loss, plain_norm = run_plain()
     if not np.isfinite(float(metrics["loss"])):
       raise RuntimeError(f"ours-common: non-finite loss at iteration {index}")
+    agreement.append(plain_agreement(metrics, float(plain_loss), float(plain_norm), index))
     timer("sync", lambda: engine.update_weights(trainable.model(carry["state"]), index + 1))
     if index >= args.warmup:
       iterations.append(timer.seconds)
       tokens.append(int(batch["loss_mask"].sum()))
-  return {**summarize(iterations, tokens), "decode_kernels_per_step": common.while_body_kernels(
-      decode.lower(*decode_args[0]).compile().as_text())}
+      plain_s.append(plain_timer.seconds["plain"])
+  out = summarize(iterations, tokens)
+  plain_median = float(np.median(plain_s))
+  return {**out, "decode_kernels_per_step": common.while_body_kernels(
+      decode.lower(*decode_args[0]).compile().as_text()),
+      "plain_jax_step": {"step_s": plain_median, "steps_s": plain_s,
+                         "ours_over_plain": out["stage_s"]["step"] / plain_median,
+                         "agreement": agreement}}
+
+
+def plain_agreement(metrics: dict[str, Any], loss: float, grad_norm: float, index: int
+                    ) -> dict[str, float]:
+  """Our step's loss and gradient norm beside the plain step's on the same batch and
+  parameters; raises where they differ beyond float32 rounding (then the two did not do the
+  same work, and their times say nothing)."""
+  ours_loss, ours_norm = float(metrics["loss"]), float(metrics["grad_norm"])
+  if not (np.isclose(ours_loss, loss, rtol=1e-4, atol=1e-6)
+          and np.isclose(ours_norm, grad_norm, rtol=1e-3, atol=1e-7)):
+    raise RuntimeError(f"ours-common iteration {index}: the plain JAX step computed loss "
+                       f"{loss} and gradient norm {grad_norm}, ours {ours_loss} and {ours_norm}")
+  return {"loss": ours_loss, "plain_loss": loss, "grad_norm": ours_norm,
+          "plain_grad_norm": grad_norm}
 
 
 def common_batch(prompts: np.ndarray, results, adv: np.ndarray, group_size: int
@@ -397,6 +444,7 @@ def main(argv: Sequence[str] | None = None, tokenizer=None) -> dict[str, Any]:
   for name in ("tunix", "ours_common"):
     if name in measured:
       parts[name] = over_rounds(measured[name])
+  parts["ours_common"]["plain_jax_step"] = plain_over_rounds(measured["ours_common"])
   print("ours, RISED on multi-turn environments ...", flush=True)
   parts["ours_agentic"] = run_ours_agentic(args, tokenizer, limits)
   for name in ("tunix", "ours_common"):
@@ -431,6 +479,10 @@ def main(argv: Sequence[str] | None = None, tokenizer=None) -> dict[str, Any]:
               f"per decode kernel, an empty kernel's launch "
               f"{limits['seconds_per_kernel'] * 1e6:.2f} µs (launch floor "
               f"{fractions['rollout_of_dispatch_bound']:.1%} of the rollout)")
+  plain = parts["ours_common"]["plain_jax_step"]
+  print(f"ours_common: step {parts['ours_common']['stage_s']['step'] * 1e3:.1f} ms, the plain JAX "
+        f"step of the same loss {plain['step_s'] * 1e3:.1f} ms: ours / plain "
+        f"{plain['ours_over_plain']:.2f} (median of rounds; same loss and gradient norm)")
   agentic = parts["ours_agentic"]
   print(f"ours_agentic step: MFU {agentic['step_mfu']:.1%}, "
         f"{agentic['step_trained_tokens_per_s']:.1f} trained tokens/s (compile excluded)")

@@ -398,6 +398,68 @@ def test_while_body_kernels_counts_the_loop_body_by_hand():
     common.while_body_kernels(HAND_WRITTEN_LOOP.replace("while(", "call("))
 
 
+def test_e2e_plain_jax_step_ran_beside_ours_on_the_same_work(e2e_run):
+  _, written = e2e_run
+  ours, plain = written["ours_common"], written["ours_common"]["plain_jax_step"]
+  # --warmup 0 --iters 1 --rounds 2: one timed plain step a round, beside that round's step.
+  assert len(plain["steps_s"]) == len(plain["agreement"]) == 2
+  assert np.allclose(plain["ours_over_plain_per_round"],
+                     [r["stage_s"]["step"] / t for r, t in zip(ours["rounds"], plain["steps_s"])])
+  assert _close(plain["step_s"], float(np.median(plain["steps_s"])))
+  assert _close(plain["ours_over_plain"], float(np.median(plain["ours_over_plain_per_round"])))
+  for check in plain["agreement"]:   # a nonzero gradient, the same in both
+    assert check["grad_norm"] > 0
+    assert math.isclose(check["grad_norm"], check["plain_grad_norm"], rel_tol=1e-3)
+    assert math.isclose(check["loss"], check["plain_loss"], rel_tol=1e-4, abs_tol=1e-6)
+
+
+def test_plain_jax_step_loss_equals_numpy_grpo_by_hand():
+  """The peer's loss against numpy on the model's own logits: the clipped surrogate at the
+  batch's π_old, per-sequence token mean over the loss mask, mean over non-empty rows."""
+  from benchmarks.peers.plain_jax_step import PlainGRPOStep  # noqa: PLC0415
+  from rised_jax.model import from_config  # noqa: PLC0415
+  cfg = common.model_config(TINY)
+  model = from_config(cfg, 0)
+  rng = np.random.default_rng(3)
+  ids = rng.integers(3, cfg.vocab_size, (3, 10)).astype(np.int32)
+  loss_mask = np.zeros((3, 10), np.float32)
+  loss_mask[0, 4:10] = 1.0
+  loss_mask[1, 6:8] = 1.0   # row 2 has no loss token: it counts in neither mean
+  advantages = np.array([[1.5], [-0.7], [2.0]], np.float32) * loss_mask
+  # log π ≈ -log V ≈ -6.2: row 0's ratios ≈ 2 meet the upper clip with A > 0, row 1's ≈ 0.3
+  # the lower one with A < 0.
+  offset = np.array([[-7.0], [-5.0], [-5.0]])
+  old = np.where(loss_mask > 0, offset - 0.1 * np.abs(rng.normal(size=(3, 10))), 0.0
+                 ).astype(np.float32)
+  batch = {"input_ids": ids, "attention_mask": np.ones_like(ids), "loss_mask": loss_mask,
+           "advantages": advantages, "old_logprobs": old}
+  plain = PlainGRPOStep(model, learning_rate=1e-4, weight_decay=0.0, eps_low=0.2, eps_high=0.3)
+  logits = np.asarray(model(ids, np.ones_like(ids)), np.float64)
+  logp = logits - logits.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  expected = []
+  for row in range(2):
+    terms = []
+    for t in np.flatnonzero(loss_mask[row]):
+      ratio = math.exp(logp[row, t - 1, ids[row, t]] - old[row, t])
+      adv = advantages[row, t]
+      terms.append(-min(ratio * adv, min(max(ratio, 0.8), 1.3) * adv))
+    expected.append(np.mean(terms))
+  assert float(plain.loss(plain.params(model), batch)) == pytest.approx(np.mean(expected),
+                                                                        rel=1e-5)
+
+
+def test_e2e_refuses_a_plain_step_that_did_other_work():
+  from benchmarks import e2e  # noqa: PLC0415
+  metrics = {"loss": 0.25, "grad_norm": 2.0}
+  assert e2e.plain_agreement(metrics, 0.25, 2.0 * (1 + 1e-5), 0)["plain_grad_norm"] > 2.0
+  with pytest.raises(RuntimeError, match="iteration 3: the plain JAX step computed loss 0.25 "
+                     "and gradient norm 2.1"):
+    e2e.plain_agreement(metrics, 0.25, 2.1, 3)
+  with pytest.raises(RuntimeError, match="loss 0.3 "):
+    e2e.plain_agreement(metrics, 0.3, 2.0, 0)
+
+
 def test_e2e_ratio_follows_from_reported_rates(e2e_run):
   _, written = e2e_run
   if "tunix" not in written:
