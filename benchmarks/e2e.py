@@ -25,6 +25,9 @@ fp32), each: --warmup iterations (they compile), then --iters timed ones, stage 
                `advantages.grpo`, every group trained (no selection), our GRPO step
                (seq-mean-token-mean, ε = 0.2, β = 0, the sampler's log-probs as π_old, AdamW
                1e-4, vs_tunix.py's settings), then `update_weights` (the weight sync).
+               Beside the step, outside the iteration's time: the plain JAX step of the same
+               loss (peers/plain_jax_step.py) on the same batch and weights, its loss and
+               gradient norm checked against ours (`plain_jax_step`: ours / plain per round).
   ours-agentic what tunix's loop does not do: RISED on multi-turn environments through the
                trainer's own stages (`trainer.assemble / update / sync_weights`, the
                pipeline's roll_out, judge, advantages, select, teach) with the main job's
