@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rised_jax import warmstart
-from rised_jax.model import tiny
+from rised_jax.model import from_config, tiny
 
 
 def test_copy_rows_name_their_target_and_keep_held_out_instances_apart():
@@ -129,3 +129,28 @@ def test_example_rate_sets_how_often_the_prior_opens_the_example_door():
   assert total > 700 and 0.88 < hits / total < 0.96, (hits, total)
   with pytest.raises(ValueError, match=r"example_rate=1.5; expected a fraction in \[0, 1\]"):
     warmstart.Data(tokenizer, seed=2, held_out=4, game="doors", example_rate=1.5)
+
+
+def test_fit_stops_at_the_first_non_finite_loss_before_returning():
+  """An infinite learning rate makes step 0's update non-finite: step 0's loss is finite,
+  step 1's is not, and `fit` raises there (its loss is read one step late, never skipped)."""
+  tokenizer = tiny.build_tokenizer(warmstart.tokenizer_words("doors"))
+  data = warmstart.Data(tokenizer, 0, game="doors")
+  model = from_config(tiny.tiny_config(tokenizer.vocab_size), 0)
+  with pytest.raises(FloatingPointError, match=r"warm-start step 1: loss nan; nothing saved"):
+    warmstart.fit(model, lambda: data.batch(4), 5, float("inf"), 0)
+
+
+def test_fit_records_every_step_loss_in_order():
+  """Three steps, three losses; the first is the masked NLL of the untrained model on the
+  first batch, computed here directly."""
+  from flax import nnx  # noqa: PLC0415
+  tokenizer = tiny.build_tokenizer(warmstart.tokenizer_words("doors"))
+  data = warmstart.Data(tokenizer, 0, game="doors")
+  batches = [data.batch(4) for _ in range(3)]
+  model = from_config(tiny.tiny_config(tokenizer.vocab_size), 0)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  first = float(warmstart._loss(params, graphdef, rest, batches[0]))  # noqa: SLF001
+  feed = iter(batches)
+  _, losses = warmstart.fit(model, lambda: next(feed), 3, 1e-3, 0)
+  assert len(losses) == 3 and losses[0] == pytest.approx(first, rel=1e-5)
