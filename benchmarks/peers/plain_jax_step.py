@@ -20,7 +20,7 @@ from flax import nnx
 
 
 class PlainGRPOStep:
-  """`step(params, batch) -> (new params, loss, gradient norm)` for `model`'s architecture;
+  """`plain(params, batch) -> (new params, loss, gradient norm)` for `model`'s architecture;
   the AdamW moments stay inside (they do not change what the step computes or costs)."""
 
   def __init__(self, model: nnx.Module, *, learning_rate: float, weight_decay: float,
