@@ -26,7 +26,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -36,7 +36,22 @@ import jax.numpy as jnp
 from rised_jax.learn.flops import (decode_read_bytes, decoder_forward_flops,  # noqa: F401
                                    limit_fraction, measure_matmul_rate, nonembedding_params,
                                    train_step_flops)
+from rised_jax import stats
 from rised_jax.model import ModelConfig
+
+
+def per_round_median(ratios: Sequence[float]) -> dict[str, float] | None:
+  """The median of per-round ratios (each round's two sides ran back to back, so the
+  machine's drift between rounds cancels within a round) with its order-statistic interval
+  (`stats.median_interval`), as a JSON dict; None under two rounds."""
+  return stats.median_interval(ratios)._asdict() if len(ratios) >= 2 else None
+
+
+def per_round_text(median: dict[str, float]) -> str:
+  """`per_round_median`'s dict as one line of a benchmark's printout."""
+  return (f"per round median {median['median']:.2f}x, [{median['low']:.2f}, "
+          f"{median['high']:.2f}] covers it with probability {median['coverage']:.3f} "
+          "(order statistics)")
 
 
 def load_config(spec: str):

@@ -73,7 +73,7 @@ from flax import nnx  # noqa: E402
 
 from benchmarks import common, vs_tunix  # noqa: E402
 from benchmarks.peers.plain_jax_step import PlainGRPOStep  # noqa: E402
-from rised_jax import config as config_lib, parallel, pipelines, stats, trainer  # noqa: E402
+from rised_jax import config as config_lib, parallel, pipelines, trainer  # noqa: E402
 from rised_jax.learn import advantages as advantages_lib  # noqa: E402
 from rised_jax.learn import flops, train_step as step_lib  # noqa: E402
 from rised_jax.model import ModelConfig, from_config, from_pretrained  # noqa: E402
@@ -464,9 +464,9 @@ def main(argv: Sequence[str] | None = None, tokenizer=None) -> dict[str, Any]:
     result["ratio_per_round"] = [ours["trained_tokens_per_s"] / tunix["trained_tokens_per_s"]
                                  for ours, tunix in zip(measured["ours_common"],
                                                         measured["tunix"])]
-    if args.rounds >= 2:
-      result["ratio_per_round_median"] = stats.median_interval(
-          result["ratio_per_round"])._asdict()
+    median = common.per_round_median(result["ratio_per_round"])
+    if median:
+      result["ratio_per_round_median"] = median
   print(f"\n{'part':14s} {'iter s':>8s} {'trained tok/s':>13s}  stage shares")
   for name, part in parts.items():
     shares = ", ".join(f"{k} {v:.0%}" for k, v in part["stage_share"].items())
@@ -492,9 +492,7 @@ def main(argv: Sequence[str] | None = None, tokenizer=None) -> dict[str, Any]:
   if "ratio_ours_common_over_tunix" in result:
     print(f"ours / tunix on the same work: {result['ratio_ours_common_over_tunix']:.2f}x")
   if "ratio_per_round_median" in result:
-    median = result["ratio_per_round_median"]
-    print(f"per round: median {median['median']:.2f}x, [{median['low']:.2f}, {median['high']:.2f}]"
-          f" covers the median with probability {median['coverage']:.3f} (order statistics)")
+    print(f"ours / tunix {common.per_round_text(result['ratio_per_round_median'])}")
   print(f"machine: {limits['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s fp32 matmul, "
         f"{limits['read_bytes_per_s'] / 1e9:.2f} GB/s read; load average "
         f"{limits['load_average_before']} before, {result['machine']['load_average_after']} "

@@ -42,7 +42,6 @@ import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from benchmarks import train_step as train_step_bench  # noqa: E402
-from rised_jax import stats  # noqa: E402
 from rised_jax.learn import loss_terms, train_step as step_lib  # noqa: E402
 
 TUNIX_SPEC = "google-tunix==0.1.7"
@@ -146,8 +145,8 @@ def compare(preset: str, args: argparse.Namespace, python: Path,
   cfg = common.model_config(preset)
   flops = common.train_step_flops(cfg, args.batch, args.prompt_len + args.response_len)["total"]
   per_round = [r["tunix"]["median_s"] / r["ours"]["step"]["median_s"] for r in rounds]
-  paired = ({"speedup_per_round_median": stats.median_interval(per_round)._asdict()}
-            if len(per_round) >= 2 else {})
+  median = common.per_round_median(per_round)
+  paired = {"speedup_per_round_median": median} if median else {}
   return {
       "config": preset, "tokens_per_step": tokens, "model_flops": flops, "rounds": rounds,
       "tunix_step_s": tunix_s, "ours_step_s": ours_s, "ours_cpu_step_s": ours_cpu_s,
@@ -212,9 +211,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"{r['tunix_mfu']:9.1%} {r['ours_mfu']:9.1%} {r['speedup_ours_over_tunix']:9.2f}x")
   for r in results:
     if "speedup_per_round_median" in r:
-      paired = r["speedup_per_round_median"]
-      print(f"{r['config']}: per round median {paired['median']:.2f}x, [{paired['low']:.2f}, "
-            f"{paired['high']:.2f}] covers it with probability {paired['coverage']:.3f}")
+      print(f"{r['config']}: {common.per_round_text(r['speedup_per_round_median'])}")
   print(f"target: ours/tunix >= {SPEEDUP_TARGET}x; matmul rate "
         f"{matmul['flops_per_s'] / 1e9:.1f} GFLOP/s")
   args_json = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
