@@ -1,8 +1,8 @@
 """Smoke tests of the benchmarks (benchmarks/train_step.py, loss_memory.py, vs_tunix.py,
-scan_compile.py, e2e.py, main_job_changes.py): each runs its whole code path at the tiniest
+scan_compile.py, e2e.py, main_job_changes.py, dot_precision.py): each runs its whole code path at the tiniest
 setting, and the JSON it writes must hold consistent values (ratios computed from the times it
 reports, FLOPs equal to a hand-worked count, memory parts adding up, chunked = naive loss,
-stage times equal to the logged ones). Wall-clock times are never asserted. The tunix
+stage times equal to the logged ones, each matmul form's product against numpy). Wall-clock times are never asserted. The tunix
 comparison runs only where `.venv-tunix` exists (vs_tunix.py creates it).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks import common, loss_memory, sampler, scan_compile, vs_tunix
+from benchmarks import common, dot_precision, loss_memory, sampler, scan_compile, vs_tunix
 from benchmarks import train_step as train_step_bench
 
 TINY = "qwen3-2l-d128"
@@ -212,6 +212,8 @@ def test_scan_compile_ratios_follow_from_reported_times(tmp_path):
     (vs_tunix, ["--driver", "/nonexistent/tunix_grpo_bench.py"], "--driver"),
     (vs_tunix, ["--configs", "qwen3-9l"], "--configs"),
     (scan_compile, ["--layers", "12,4"], "--layers needs at least two depths"),
+    (dot_precision, ["--shapes", "q:2x3"], "--shapes: 'q:2x3' is not NAME:ROWSxINxOUT"),
+    (dot_precision, ["--rounds", "0"], "--rounds must be >= 1"),
 ])
 def test_bad_arguments_are_named(module, argv, message, capsys):
   with pytest.raises(SystemExit):
@@ -586,3 +588,44 @@ def test_plan_table_hand_checked(tmp_path):
   v5p = rised["machines"]["TPU v5p-64"]
   assert v5p["chips"] == 32
   assert v5p["state_gb_per_chip"] == pytest.approx(4_022_468_096 * 14 / 32 / 1e9)
+
+
+def test_dot_precision_ratios_follow_from_times_and_forms_round_as_named(tmp_path):
+  out = tmp_path / "dot.json"
+  result = dot_precision.main(["--shapes", "a:8x16x24", "b:3x40x5", "--rounds", "3",
+                               "--repeats", "1", "--out", str(out)])
+  assert json.loads(out.read_text()) == json.loads(json.dumps(result))   # tuples → lists
+  assert result["machine"]["limits"]["matmul_flops_per_s"] > 0
+  assert [(s["name"], s["rows"], s["in"], s["out"]) for s in result["shapes"]] == [
+      ("a", 8, 16, 24), ("b", 3, 40, 5)]
+  for shape in result["shapes"]:
+    forms = shape["forms"]
+    assert set(forms) == set(dot_precision.FORMS)
+    for form in forms.values():
+      assert len(form["rounds_s"]) == 3
+      assert _close(form["median_s"], float(np.median(form["rounds_s"])))
+      assert _close(form["f32_over_form"], forms["f32"]["median_s"] / form["median_s"])
+      assert _close(form["flops_per_s"], 2 * shape["rows"] * shape["in"] * shape["out"]
+                    / form["median_s"])
+    elementwise = shape["elementwise"]
+    assert _close(shape["silu_mul_f32_over_bf16"], elementwise["silu_mul_f32"]["median_s"]
+                  / elementwise["silu_mul_bf16"]["median_s"])
+
+
+def test_dot_precision_forms_against_numpy_by_hand():
+  """A bfloat16 form must round its operands (its product differs from float32's by more
+  than its tolerance), and a form that computes another product is refused."""
+  rng = np.random.default_rng(1)
+  x, w, g = (rng.standard_normal(shape, np.float32) for shape in ((16, 64), (64, 32), (16, 32)))
+  calls = dot_precision.form_calls(x, w, g)
+  errors = dot_precision.check_values(calls)
+  exact = x.astype(np.float64) @ w.astype(np.float64)
+  for form in ("bf16_acc32", "cast_acc32"):
+    got = np.asarray(calls[form][0](), np.float64)
+    assert np.max(np.abs(got - exact)) / np.max(np.abs(exact)) > dot_precision.TOLERANCE[form]
+    assert errors[form] <= dot_precision.TOLERANCE[form]
+  np.testing.assert_allclose(np.asarray(calls["wgrad_acc32"][0]()),
+                             x.astype(np.float64).T @ g.astype(np.float64), rtol=0.05, atol=0.1)
+  wrong = {"f32": (calls["f32"][0], exact[:, ::-1].copy())}   # columns swapped
+  with pytest.raises(AssertionError, match="f32: relative error"):
+    dot_precision.check_values(wrong)
