@@ -61,9 +61,11 @@ def get_config(arg: str | None = None):
   c.step.micro_batches = 2
   # The six steps' batches are 4 x 320, 448 and 512 columns (prefix and response buckets):
   # each a compile of the scanned 30-layer step (about 80 s on a busy 2-core machine). Widened
-  # to one 512-column bucket the step compiles once; the extra columns are left padding that
-  # costs the layers some time, but not the vocabulary head, which runs over the trained
-  # tokens only (learn/chunked.py).
+  # to one 512-column bucket, every batch of at most 512 columns shares one compile; the extra
+  # columns are left padding that costs the layers some time, but not the vocabulary head,
+  # which runs over the trained tokens only (learn/chunked.py). A wider batch (a long teacher
+  # prefix: 4 x 640 in the 2026-12-07 runs) keeps its width and compiles a second shape
+  # (9-10 s); a 640-column bucket would cost every step a quarter more columns instead.
   c.batching.length_buckets = [512]
   c.optim.learning_rate = 1e-5
   c.train.steps = 6
