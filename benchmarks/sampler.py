@@ -355,7 +355,8 @@ def bench_rollout_stage(args: argparse.Namespace, limits: dict[str, Any]) -> dic
                            batch_buckets=tuple(rc.batch_buckets) or None,
                            prompt_buckets=tuple(rc.prompt_buckets),
                            max_new_tokens_buckets=tuple(rc.new_token_buckets),
-                           reuse_prefix=rc.reuse_prefix)
+                           reuse_prefix=rc.reuse_prefix,
+                           matmul_operands=rc.matmul_operands)
   tasks = [Task(env, seed=7 + i, difficulty=dict(config.envs.difficulty[env]))
            for i, env in enumerate(config.envs.names)]
   modes = {"before": (SavingsDeclined(engine), None), "shared": (engine, None),

@@ -123,6 +123,11 @@ def default_config() -> ml_collections.ConfigDict:
   # JaxEngine decode steps per call (0: one call per turn). Between calls replies holding a
   # stop string end and finished rows leave the batch when the rest fit a smaller bucket.
   c.rollout.decode_chunk = 0
+  # JaxEngine's dense-layer and head operands: "compute" (the compute dtype) or "bfloat16"
+  # (float32 activations rounded per matmul, float32 sums): faster on CPUs with AMX or
+  # AVX512-BF16, but the sampler's log-probs are then a rounding away from the trainer's
+  # (rollout/logprob_diff 0.013 instead of 0 in the main job; docs/performance.md).
+  c.rollout.matmul_operands = "compute"
   # Step t + 1's roll-out runs in a background thread while step t trains (one step stale; the
   # behaviour log-probs of the policy that sampled it feed the truncated importance weight).
   c.rollout.async_rollouts = False

@@ -80,6 +80,9 @@ DESCRIPTIONS: dict[str, str | tuple[str, str]] = {
     "rollout.decode_chunk": "decode steps per sampler call (0: one call per turn); between calls "
                             "finished replies end and rows leave the batch when the rest fit a "
                             "smaller bucket",
+    "rollout.matmul_operands": "the in-process sampler's dense-layer and head operands: "
+                               "'compute' (the compute dtype) or 'bfloat16' (float32 "
+                               "operands rounded to bfloat16, products summed in float32)",
     "rollout.async_rollouts": "roll out step t + 1 in a background thread while step t trains "
                               "(one step stale, corrected by the truncated importance weight)",
     "rollout.prompt_buckets": "sampler prompt-length buckets, tokens",

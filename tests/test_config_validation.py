@@ -41,6 +41,8 @@ def _tiny(arg: str = "rised", **edits):
     ({"step.eps_high": math.nan}, r"config\.step: eps_high=nan: expected a finite number"),
     ({"rollout.top_p": 0.0}, r"config\.rollout\.top_p=0\.0: expected a number in \(0, 1\]"),
     ({"rollout.prompt_buckets": []}, r"config\.rollout\.prompt_buckets=\[\]: expected a list"),
+    ({"rollout.matmul_operands": "bf16"},
+     r"config\.rollout\.matmul_operands='bf16': expected one of \('compute', 'bfloat16'\)"),
     ({"select.name": "best"}, r"config\.select\.name: unknown selector 'best'; known: \["),
     ({"select.options": {"lambda_": 0.5}}, r"selector 'rised' has no option\(s\) \['lambda_'\]"),
     ({"judge.backend": "gpt"}, r"config\.judge\.backend: unknown judge 'gpt'; known: \["),

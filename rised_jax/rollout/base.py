@@ -14,6 +14,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Protocol, Sequence
 
+# The in-process sampler's dense-layer and head operands (`config.rollout.matmul_operands`):
+# the model's compute dtype, or float32 rounded to bfloat16 with float32 sums
+# (`JaxEngine._traced`, `decoder.bfloat16_operands`).
+MATMUL_OPERANDS = ("compute", "bfloat16")
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:

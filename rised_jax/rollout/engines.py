@@ -23,7 +23,8 @@ def make_engine(rollout: RolloutConfig, model: Any, tokenizer: Any, *, weight_di
                      prompt_buckets=rollout.prompt_buckets,
                      max_new_tokens_buckets=rollout.new_token_buckets,
                      reuse_prefix=rollout.reuse_prefix,
-                     decode_chunk=rollout.decode_chunk or None)
+                     decode_chunk=rollout.decode_chunk or None,
+                     matmul_operands=rollout.matmul_operands)
   from rised_jax.rollout.sglang_engine import SGLangEngine  # noqa: PLC0415
   sglang = rollout.sglang
   return SGLangEngine(rollout.sglang_url, tokenizer=tokenizer, weight_dir=weight_dir,

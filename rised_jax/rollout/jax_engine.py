@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import numbers
 from typing import Any, Callable, Sequence
@@ -82,8 +83,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rised_jax.rollout.base import (EngineDefaults, EngineLimits, GenerationRequest,
-                                    GenerationResult, SamplingParams, StopCheck)
+from rised_jax.rollout.base import (MATMUL_OPERANDS, EngineDefaults, EngineLimits,
+                                    GenerationRequest, GenerationResult, SamplingParams,
+                                    StopCheck)
 from rised_jax.checks import is_int
 
 DEFAULT_PROMPT_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
@@ -384,7 +386,8 @@ class JaxEngine(EngineDefaults):
                prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
                max_new_tokens_buckets: Sequence[int] = DEFAULT_NEW_TOKEN_BUCKETS,
                dtype: Any = None, max_stop_tokens: int = 8, pad_id: int = 0,
-               reuse_prefix: bool = False, decode_chunk: int | None = None):
+               reuse_prefix: bool = False, decode_chunk: int | None = None,
+               matmul_operands: str = "compute"):
     for name in ("init_cache", "forward_with_cache", "cfg"):
       if not hasattr(model, name):
         raise TypeError(f"JaxEngine: model must be a rised_jax.model.Decoder (it has no "
@@ -400,6 +403,10 @@ class JaxEngine(EngineDefaults):
       raise ValueError(f"JaxEngine: decode_chunk must be a positive integer or None, "
                        f"got {decode_chunk!r}")
     self.decode_chunk = decode_chunk
+    if matmul_operands not in MATMUL_OPERANDS:
+      raise ValueError(f"JaxEngine: matmul_operands must be one of {MATMUL_OPERANDS}, "
+                       f"got {matmul_operands!r}")
+    self.matmul_operands = matmul_operands
     self.vocab_size = int(model.cfg.vocab_size)
     if not 0 <= pad_id < self.vocab_size:
       raise ValueError(f"JaxEngine: pad_id must be in [0, {self.vocab_size}), got {pad_id!r}")
@@ -418,13 +425,15 @@ class JaxEngine(EngineDefaults):
     self.version = 0
     self._graphdef, self._state = nnx.split(model)
     self._traces: collections.Counter[tuple[str, Bucket]] = collections.Counter()
-    self._prefill = jax.jit(self._prefill_fn, static_argnames="new_tokens")
-    self._prefill_window = jax.jit(self._prefill_window_fn, static_argnames="new_tokens")
-    self._prefill_shared = jax.jit(self._prefill_shared_fn, static_argnames="new_tokens")
+    self._prefill = jax.jit(self._traced(self._prefill_fn), static_argnames="new_tokens")
+    self._prefill_window = jax.jit(self._traced(self._prefill_window_fn),
+                                   static_argnames="new_tokens")
+    self._prefill_shared = jax.jit(self._traced(self._prefill_shared_fn),
+                                   static_argnames="new_tokens")
     self.layout = CacheLayout.of(model, dtype)
     self._place = jax.jit(self.layout.place_rows)
     self._compact = jax.jit(self._compact_fn)
-    self._decode = jax.jit(self._decode_fn)
+    self._decode = jax.jit(self._traced(self._decode_fn))
     self.last_decode_steps: list[int] = []   # per chunk of the last call: tokens per row drawn
     self.reuse_prefix = bool(reuse_prefix)
     top = self.prompt_buckets[-1]
@@ -774,6 +783,19 @@ class JaxEngine(EngineDefaults):
     return results
 
   # ---- jitted functions -------------------------------------------------------------------
+
+  def _traced(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` traced under the engine's matmul precision: with matmul_operands="bfloat16" the
+    model's dense layers and head round their float32 operands to bfloat16 and sum in float32
+    (`decoder.bfloat16_operands`); attention, norms and sampling stay in the compute dtype."""
+    if self.matmul_operands == "compute":
+      return fn
+
+    @functools.wraps(fn)
+    def under_precision(*args, **kwargs):
+      with jax.default_matmul_precision("bfloat16"):
+        return fn(*args, **kwargs)
+    return under_precision
 
   def _prefill_fn(self, state, prompt_ids, prompt_mask, seeds, temperature, top_k, top_p,
                   stop_ids, max_new, active, *, new_tokens: int):

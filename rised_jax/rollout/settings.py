@@ -12,7 +12,7 @@ from typing import Any
 
 from rised_jax.checks import (Rule, as_given, check_rules, from_section, int_at_least, is_http_url,
                               is_number, number_at_least, positive_ints)
-from rised_jax.rollout.base import EngineLimits
+from rised_jax.rollout.base import MATMUL_OPERANDS, EngineLimits
 from rised_jax.rollout.sglang_engine import WEIGHT_SYNCS
 
 ENGINES = ("jax", "sglang")
@@ -59,6 +59,7 @@ class RolloutConfig:
   batch_buckets: tuple[int, ...]
   reuse_prefix: bool
   decode_chunk: int
+  matmul_operands: str
   async_rollouts: bool
   prompt_buckets: tuple[int, ...]
   new_token_buckets: tuple[int, ...]
@@ -126,6 +127,7 @@ ROLLOUT_RULES: dict[str, Rule] = {
     "max_total_tokens": int_at_least(1),
     "max_batch": int_at_least(1),
     "decode_chunk": int_at_least(0, "an integer >= 0 (0: one decode call per turn)"),
+    "matmul_operands": ((lambda v: v in MATMUL_OPERANDS), f"one of {MATMUL_OPERANDS}"),
     "batch_buckets": positive_ints(0),
     "prompt_buckets": positive_ints(1),
     "new_token_buckets": positive_ints(1),

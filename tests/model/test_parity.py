@@ -400,6 +400,26 @@ def test_flat_matmul_matches_numpy(in_dims):
     dec.flat_matmul(jnp.asarray(x), jnp.zeros((5, 4, 6)), in_dims=2)
 
 
+def test_flat_matmul_bfloat16_operands_match_numpy():
+  """Under jax.default_matmul_precision("bfloat16") a float32 flat_matmul rounds both operands
+  to bfloat16 (ml_dtypes' rounding) and sums in float32; outside it, nothing is rounded."""
+  import ml_dtypes  # noqa: PLC0415 - jax's own dependency
+  rng = np.random.default_rng(14)
+  x = rng.normal(size=(3, 4, 64)).astype(np.float32)
+  kernel = rng.normal(size=(64, 2, 8)).astype(np.float32)
+  exact = np.einsum("bti,ijo->btjo", x.astype(np.float64), kernel.astype(np.float64))
+  rounded = np.einsum("bti,ijo->btjo", *(a.astype(ml_dtypes.bfloat16).astype(np.float64)
+                                         for a in (x, kernel)))
+  scale = np.abs(exact).max()
+  assert np.abs(rounded - exact).max() > 1e-3 * scale      # the rounding is visible
+  matmul = jax.jit(lambda a, b: dec.flat_matmul(a, b, in_dims=1))
+  with jax.default_matmul_precision("bfloat16"):
+    out = np.asarray(matmul(jnp.asarray(x), jnp.asarray(kernel)), np.float64)
+  assert out.dtype == np.float64 and np.abs(out - rounded).max() <= 1e-5 * scale
+  out = np.asarray(matmul(jnp.asarray(x), jnp.asarray(kernel)), np.float64)
+  assert np.abs(out - exact).max() <= 1e-5 * scale
+
+
 @pytest.mark.slow
 def test_packaged_smollm2_matches_transformers():
   """SmolLM2-135M-Instruct (30 layers, GQA 9:3, tied) from its packaged GGUF: our logits

@@ -191,6 +191,37 @@ class _PerLayerCache:
             "steps": jnp.zeros((4,))}
 
 
+def test_bfloat16_operands_sample_with_the_forward_under_that_precision(model):
+  """matmul_operands="bfloat16": every token's log-prob (prefill's first and the decode
+  loop's) is the cache-free forward's under jax.default_matmul_precision("bfloat16"), and not
+  the float32 forward's."""
+  engine = JaxEngine(model, matmul_operands="bfloat16", **ENGINE_ARGS)
+  results = engine.generate(group_requests(SamplingParams(max_new_tokens=NEW, temperature=0.0)))
+  gap = 0.0
+  for prompt, result in zip([p for p in PROMPTS for _ in range(G)], results):
+    with jax.default_matmul_precision("bfloat16"):
+      reference = teacher_forced_logprobs(model, prompt, result.output_ids)
+    np.testing.assert_allclose(result.logprobs, reference, atol=2e-5, rtol=0)
+    float32 = teacher_forced_logprobs(model, prompt, result.output_ids)
+    gap = max(gap, float(np.abs(np.asarray(result.logprobs) - float32).max()))
+  assert gap > 1e-3
+  with pytest.raises(ValueError, match="matmul_operands must be one of"):
+    JaxEngine(model, matmul_operands="float16", **ENGINE_ARGS)
+
+
+@pytest.mark.parametrize("operands", ["compute", "bfloat16"])
+def test_make_engine_builds_the_configured_matmul_operands(model, operands):
+  from types import SimpleNamespace  # noqa: PLC0415
+  from rised_jax import config as config_lib  # noqa: PLC0415
+  from rised_jax.rollout import engines, settings  # noqa: PLC0415
+  c = config_lib.default_config()
+  c.rollout.matmul_operands = operands
+  engine = engines.make_engine(settings.RolloutConfig.from_config(c.rollout), model,
+                               SimpleNamespace(pad_token_id=0), weight_dir="",
+                               export_dtype="float32")
+  assert engine.matmul_operands == operands
+
+
 def test_cache_layout_copies_rows_of_any_pytree():
   layout = CacheLayout.of(_PerLayerCache(), None)
   # Leaves in key order: layers (4 leaves), steps, transposed.
