@@ -43,6 +43,10 @@ def _tiny(arg: str = "rised", **edits):
     ({"rollout.prompt_buckets": []}, r"config\.rollout\.prompt_buckets=\[\]: expected a list"),
     ({"rollout.matmul_operands": "bf16"},
      r"config\.rollout\.matmul_operands='bf16': expected one of \('compute', 'bfloat16'\)"),
+    # Silently ignored before: the option shapes only the in-process sampler's matmuls.
+    ({"rollout.engine": "sglang", "rollout.sglang_url": "http://127.0.0.1:30000",
+      "rollout.matmul_operands": "bfloat16"},
+     r"config\.rollout\.matmul_operands='bfloat16': applies to the in-process sampler"),
     ({"select.name": "best"}, r"config\.select\.name: unknown selector 'best'; known: \["),
     ({"select.options": {"lambda_": 0.5}}, r"selector 'rised' has no option\(s\) \['lambda_'\]"),
     ({"judge.backend": "gpt"}, r"config\.judge\.backend: unknown judge 'gpt'; known: \["),

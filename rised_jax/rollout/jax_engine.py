@@ -787,7 +787,9 @@ class JaxEngine(EngineDefaults):
   def _traced(self, fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` traced under the engine's matmul precision: with matmul_operands="bfloat16" the
     model's dense layers and head round their float32 operands to bfloat16 and sum in float32
-    (`decoder.bfloat16_operands`); attention, norms and sampling stay in the compute dtype."""
+    (`decoder.bfloat16_operands`); norms and sampling stay in the compute dtype. Attention's
+    einsums keep float32 operands: exact on XLA:CPU, which ignores the precision setting, while
+    a GPU or TPU applies the setting to them too."""
     if self.matmul_operands == "compute":
       return fn
 

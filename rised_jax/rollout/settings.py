@@ -69,7 +69,8 @@ class RolloutConfig:
     return from_section(cls, section, sglang=SGLangConfig.from_config(section.sglang))
 
   def check(self) -> None:
-    """Values, engine name, server URL, reply prefix, stop strings and the async flag."""
+    """Values, engine name, server URL, the sampler's matmul operands, reply prefix, stop
+    strings and the async flag."""
     check_rules("config.rollout", self, ROLLOUT_RULES)
     self.sglang.check()
     if self.group_size < 2:
@@ -80,6 +81,10 @@ class RolloutConfig:
     if self.engine == "sglang" and not is_http_url(self.sglang_url):
       raise ValueError(f"config.rollout.sglang_url={self.sglang_url!r}: expected the SGLang "
                        "server's http(s) URL, e.g. 'http://127.0.0.1:30000'")
+    if self.engine == "sglang" and self.matmul_operands != "compute":
+      raise ValueError(f"config.rollout.matmul_operands={self.matmul_operands!r}: applies to "
+                       "the in-process sampler (engine='jax'); with engine='sglang' the "
+                       "server's own dtype and quantization flags set its matmuls")
     if not isinstance(self.reply_prefix, str):
       raise ValueError(f"config.rollout.reply_prefix={self.reply_prefix!r}: expected a string")
     stops = self.stop_strings
