@@ -1,8 +1,10 @@
 """Smoke tests of the benchmarks (benchmarks/train_step.py, loss_memory.py, vs_tunix.py,
-scan_compile.py, e2e.py, main_job_changes.py, dot_precision.py): each runs its whole code path at the tiniest
-setting, and the JSON it writes must hold consistent values (ratios computed from the times it
-reports, FLOPs equal to a hand-worked count, memory parts adding up, chunked = naive loss,
-stage times equal to the logged ones, each matmul form's product against numpy). Wall-clock times are never asserted. The tunix
+scan_compile.py, e2e.py, main_job_changes.py, dot_precision.py, decode_profile.py): each runs its
+whole code path at the tiniest setting, and the JSON it writes must hold consistent values
+(ratios computed from the times it reports, FLOPs equal to a hand-worked count, memory parts
+adding up, chunked = naive loss, stage times equal to the logged ones, each matmul form's
+product against numpy, a decode step's kernels and bytes against the model's own count).
+Wall-clock times are never asserted. The tunix
 comparison runs only where `.venv-tunix` exists (vs_tunix.py creates it).
 """
 from __future__ import annotations
@@ -14,7 +16,8 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks import common, dot_precision, loss_memory, sampler, scan_compile, vs_tunix
+from benchmarks import (common, decode_profile, dot_precision, loss_memory, sampler, scan_compile,
+                        vs_tunix)
 from benchmarks import train_step as train_step_bench
 
 TINY = "qwen3-2l-d128"
@@ -214,6 +217,9 @@ def test_scan_compile_ratios_follow_from_reported_times(tmp_path):
     (scan_compile, ["--layers", "12,4"], "--layers needs at least two depths"),
     (dot_precision, ["--shapes", "q:2x3"], "--shapes: 'q:2x3' is not NAME:ROWSxINxOUT"),
     (dot_precision, ["--rounds", "0"], "--rounds must be >= 1"),
+    (decode_profile, ["--new-tokens", "1"], "--new-tokens must be >= 2"),
+    (decode_profile, ["--model", TINY],
+     "--model qwen3-2l-d128: a layer's output width equals the vocabulary (512)"),
 ])
 def test_bad_arguments_are_named(module, argv, message, capsys):
   with pytest.raises(SystemExit):
@@ -629,3 +635,46 @@ def test_dot_precision_forms_against_numpy_by_hand():
   wrong = {"f32": (calls["f32"][0], exact[:, ::-1].copy())}   # columns swapped
   with pytest.raises(AssertionError, match="f32: relative error"):
     dot_precision.check_values(wrong)
+
+
+@pytest.mark.parametrize("layers", ["scanned", "unrolled"])
+def test_decode_profile_parts_count_the_model_s_kernels_and_bytes(layers, tmp_path):
+  """Each part's launches per decode step are the model's own count (7 dense-layer dots and 2
+  attention einsums per layer, one head; each layer's K and V copied out of the stacked cache;
+  weight slices only when the layers are scanned), its bytes the hand-counted parameters and
+  cache, and the derived figures follow from the reported ones."""
+  out = tmp_path / "decode_profile.json"
+  rows, prompt_len, new_tokens = 2, 8, 4
+  model = "qwen3-4l-d256"   # the 2-layer preset's MLP is as wide as its vocabulary (refused)
+  result = decode_profile.main([
+      "--model", model, "--rows", str(rows), "--prompt-len", str(prompt_len),
+      "--new-tokens", str(new_tokens), "--layers", layers, "--repeats", "1",
+      "--matmul-size", "128", "--matmul-seconds", "0", "--out", str(out)])
+  assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+  hf = common.MODEL_PRESETS[model]
+  n_layers, d, f, vocab = (hf["num_hidden_layers"], hf["hidden_size"], hf["intermediate_size"],
+                           hf["vocab_size"])
+  heads, kv_heads, hd = hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"]
+  parts = result["parts"]
+  launches = {part: row["launches_per_step"] for part, row in parts.items()}
+  assert launches["weight dots"] == 7 * n_layers
+  assert launches["attention dots"] == 2 * n_layers
+  assert launches["head"] == 1
+  assert launches["cache slices"] == 2 * n_layers
+  assert (launches["weight slices"] > 0) == (layers == "scanned")
+  # Bytes by hand: q, k, v, o, gate, up, down and the four norms (Qwen3's q and k norms).
+  per_layer = d * heads * hd + 2 * d * kv_heads * hd + heads * hd * d + 3 * d * f + 2 * d + 2 * hd
+  slots = prompt_len + new_tokens
+  assert parts["weight dots"]["read_bytes"] == 4 * n_layers * per_layer
+  assert parts["head"]["read_bytes"] == 4 * vocab * d   # tied: the embedding
+  assert parts["attention dots"]["read_bytes"] == 4 * 2 * n_layers * rows * kv_heads * hd * slots
+  rate = result["machine"]["limits"]["read_bytes_per_s"]
+  for row in parts.values():
+    assert _close(row["bound_s"], row["read_bytes"] / rate)
+    assert _close(row["share"], row["profiled_s"] / result["profiled_step_s"])
+  assert _close(result["bandwidth_bound_s"], sum(row["bound_s"] for row in parts.values()))
+  assert _close(result["profiled_step_s"], sum(row["profiled_s"] for row in parts.values()))
+  times = result["generate_s"]
+  assert _close(result["decode_step_s"],
+                (times[str(new_tokens)][0] - times["1"][0]) / (new_tokens - 1))
+  assert _close(result["bound_over_step"], result["bandwidth_bound_s"] / result["decode_step_s"])
