@@ -23,9 +23,9 @@ prompt bucket and 16 new tokens, so a 400-slot KV cache. Temperature 1, no trunc
      rest             softmax, norms, RoPE, sampling, bookkeeping
 
 3. Per part, the bytes it must read at least once per step (the dense layers' weights, the
-   embedding for the head, the whole K/V cache for the attention, nothing for the copies) over
-   the read bandwidth probed in this process (`common.probe_machine`): the part's bound, and
-   the step's bound as their sum (`flops.decode_read_bytes`' figure).
+   embedding for the head, the filled K/V cache for the attention, nothing for the copies)
+   over the read bandwidth probed in this process (`common.probe_machine`): the part's bound,
+   and the step's bound as their sum (the least traffic `flops.decode_read_bytes` counts).
 
 Profiled kernels run slower than unprofiled ones and two of them can overlap, so the parts'
 sum is not the unprofiled step; the table gives each part's share of the profiled sum.
@@ -54,6 +54,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks import common  # noqa: E402
+from rised_jax.learn.flops import decode_read_bytes  # noqa: E402
 from rised_jax.model import from_config  # noqa: E402
 from rised_jax.model.config import ModelConfig  # noqa: E402
 from rised_jax.rollout.base import GenerationRequest, SamplingParams  # noqa: E402
@@ -109,16 +110,21 @@ def trace_kernels(trace_dir: str, module: str) -> tuple[dict[str, float], dict[s
   return dict(seconds), dict(launches)
 
 
-def read_bytes(cfg: ModelConfig, model: Any, rows: int, slots: int) -> dict[str, int]:
-  """What each part must read per decode step: the dense layers' parameters, the head's kernel
-  (the embedding when tied; an untied model's embedding lookup reads only the rows' ids), and
-  the K/V cache of `slots` slots (float32)."""
+def read_bytes(cfg: ModelConfig, model: Any, rows: int, prompt_len: int, new_tokens: int
+               ) -> dict[str, float]:
+  """What each part must read per decode step, on average over the call's new_tokens − 1
+  decode steps: the dense layers' parameters, the head's kernel (the embedding when tied; an
+  untied model's embedding lookup reads only the rows' ids), and each row's filled keys and
+  values (float32). Decode step j (1 .. new_tokens − 1; the prefill drew token 0) attends over
+  prompt_len + j slots, so the cache part is `flops.decode_read_bytes` of those steps, weights
+  left out, over their count; the bucket's unfilled slots the decode also reads are excess."""
   params = {jax.tree_util.keystr(path): leaf.nbytes
             for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model))}
   kernel = "embed" if cfg.tie_word_embeddings else "lm_head"
   head = sum(b for name, b in params.items() if kernel in name)
   layers = sum(b for name, b in params.items() if "layers" in name)
-  cache = 2 * cfg.num_layers * rows * cfg.num_kv_heads * cfg.head_dim * slots * 4
+  steps = new_tokens - 1
+  cache = decode_read_bytes(cfg, 0, rows, prompt_len + 1, steps, itemsize=4) / steps
   return {"weight dots": layers, "head": head, "attention dots": cache}
 
 
@@ -194,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     part_s[parts_of[op]] += s / steps
     part_launches[parts_of[op]] += launches[op]
   profiled_s = sum(part_s.values())
-  must_read = read_bytes(cfg, model, args.rows, slots)
+  must_read = read_bytes(cfg, model, args.rows, args.prompt_len, args.new_tokens)
   rate = limits["read_bytes_per_s"]
   table = {part: {"profiled_s": part_s[part], "share": part_s[part] / profiled_s,
                   "launches_per_step": part_launches[part] / steps,
