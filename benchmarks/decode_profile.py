@@ -155,11 +155,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                       scan_layers=args.layers == "scanned")
   engine = JaxEngine(model, max_batch=args.rows, prompt_buckets=(args.prompt_len,),
                      max_new_tokens_buckets=(args.new_tokens,))
-  decode_args: list[tuple[Any, ...]] = []
+  last_decode_args: list[tuple[Any, ...]] = []   # only the latest: each holds a whole cache
   decode = engine._decode
 
   def recording_decode(*call_args):
-    decode_args.append(call_args)
+    last_decode_args[:] = [call_args]
     return decode(*call_args)
   engine._decode = recording_decode
   prompts = np.random.default_rng(0).integers(3, cfg.vocab_size, (args.rows, args.prompt_len))
@@ -172,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       raise RuntimeError(f"a row ended before its {new_tokens} tokens (no stop token was set)")
     return time.perf_counter() - begin
 
-  generate(args.new_tokens), generate(1)   # compiles
+  generate(args.new_tokens)   # compiles the prefill and the decode loop
+  generate(1)
   times: dict[int, list[float]] = {args.new_tokens: [], 1: []}
   for _ in range(args.repeats):
     for n in times:
@@ -186,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     seconds, launches = trace_kernels(trace_dir, "jit__decode_fn")
   if not seconds:
     raise RuntimeError("the profiler's trace holds no kernel of jit__decode_fn")
-  hlo = decode.lower(*decode_args[-1]).compile().as_text()
+  hlo = decode.lower(*last_decode_args[0]).compile().as_text()
   slots = args.prompt_len + args.new_tokens
   cache_slice = (args.rows, cfg.num_kv_heads, cfg.head_dim, slots)
   parts_of = op_parts(hlo, cfg.vocab_size,
