@@ -158,6 +158,27 @@ def measure_copy_bandwidth(mib: int, repeats: int) -> float:
 _NOT_KERNELS = ("parameter", "get-tuple-element", "tuple", "bitcast", "constant")
 
 
+def record_decode_hlo(engine: Any) -> Callable[[], str]:
+  """Wraps a JaxEngine's jitted decode loop so that it keeps the shapes of its latest call
+  (not the arrays: each call's arguments hold a whole KV cache); the returned function
+  compiles that call again and gives its optimized HLO text."""
+  decode, last_call = engine._decode, []   # noqa: SLF001 - the engine's jitted loop
+
+  def recording_decode(*call_args):
+    last_call[:] = [jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape") else a,
+        call_args)]
+    return decode(*call_args)
+
+  engine._decode = recording_decode   # noqa: SLF001
+
+  def decode_hlo() -> str:
+    if not last_call:
+      raise RuntimeError("the engine's decode loop has not run yet")
+    return decode.lower(*last_call[0]).compile().as_text()
+  return decode_hlo
+
+
 def while_body_kernels(hlo_text: str) -> int:
   """Kernels launched per iteration of the largest `while` body of an optimized HLO module:
   its instructions other than parameters, tuples, bitcasts and constants (each fusion, dot,

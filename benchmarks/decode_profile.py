@@ -155,13 +155,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                       scan_layers=args.layers == "scanned")
   engine = JaxEngine(model, max_batch=args.rows, prompt_buckets=(args.prompt_len,),
                      max_new_tokens_buckets=(args.new_tokens,))
-  last_decode_args: list[tuple[Any, ...]] = []   # only the latest: each holds a whole cache
-  decode = engine._decode
-
-  def recording_decode(*call_args):
-    last_decode_args[:] = [call_args]
-    return decode(*call_args)
-  engine._decode = recording_decode
+  decode_hlo = common.record_decode_hlo(engine)
   prompts = np.random.default_rng(0).integers(3, cfg.vocab_size, (args.rows, args.prompt_len))
 
   def generate(new_tokens: int) -> float:
@@ -187,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     seconds, launches = trace_kernels(trace_dir, "jit__decode_fn")
   if not seconds:
     raise RuntimeError("the profiler's trace holds no kernel of jit__decode_fn")
-  hlo = decode.lower(*last_decode_args[0]).compile().as_text()
+  hlo = decode_hlo()
   slots = args.prompt_len + args.new_tokens
   cache_slice = (args.rows, cfg.num_kv_heads, cfg.head_dim, slots)
   parts_of = op_parts(hlo, cfg.vocab_size,

@@ -185,16 +185,7 @@ def run_ours_common(args: argparse.Namespace) -> dict[str, Any]:
   engine = JaxEngine(trainable.model(state), max_batch=rows, prompt_buckets=(p,),
                      max_new_tokens_buckets=(c,))
   params = SamplingParams(max_new_tokens=c, temperature=0.9)
-  # The decode loop's arguments (as shapes), to count the kernels one decode step launches.
-  decode, decode_args = engine._decode, []   # noqa: SLF001 - the engine's jitted loop
-
-  def recording_decode(*call_args):
-    decode_args[:] = [jax.tree.map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape") else a,
-        call_args)]
-    return decode(*call_args)
-
-  engine._decode = recording_decode   # noqa: SLF001
+  decode_hlo = common.record_decode_hlo(engine)   # to count a decode step's kernels
   # The naive version of the step, timed beside it on the same batch and parameters.
   policy = config.policy_gradient
   plain = PlainGRPOStep(trainable.model(state), learning_rate=vs_tunix.OPTIMIZER.learning_rate,
@@ -238,8 +229,7 @@ def run_ours_common(args: argparse.Namespace) -> dict[str, Any]:
       plain_s.append(plain_timer.seconds["plain"])
   out = summarize(iterations, tokens)
   plain_median = float(np.median(plain_s))
-  return {**out, "decode_kernels_per_step": common.while_body_kernels(
-      decode.lower(*decode_args[0]).compile().as_text()),
+  return {**out, "decode_kernels_per_step": common.while_body_kernels(decode_hlo()),
       "plain_jax_step": {"step_s": plain_median, "steps_s": plain_s,
                          "ours_over_plain": out["stage_s"]["step"] / plain_median,
                          "agreement": agreement}}
