@@ -18,6 +18,7 @@ from rised_jax.rollout.agent_loop import AgentLoop, EnvironmentFailure
 from rised_jax.rollout.base import GenerationResult, SamplingParams
 from rised_jax.types import Task
 from tests.helpers.fake_engine import FixedReplyEngine
+from tests.helpers.loopback import LoopbackHTTPServer
 
 LIFETIME_S = 120.0   # the server shuts itself down after this, whatever the test does
 
@@ -70,8 +71,7 @@ class CounterServer:
         except BrokenPipeError:   # the client stopped waiting (the "delay" fault)
           pass
 
-    self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    self.httpd.daemon_threads = True
+    self.httpd = LoopbackHTTPServer(Handler)
     self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
     self.timer = threading.Timer(LIFETIME_S, self.stop)
     self.timer.daemon = True

@@ -15,6 +15,8 @@ import re
 import threading
 from typing import Any, Callable
 
+from tests.helpers.loopback import LoopbackHTTPServer
+
 
 @dataclasses.dataclass
 class Reply:
@@ -74,7 +76,7 @@ class LoopbackServer:
       def log_message(self, *args):  # keep test output quiet
         del args
 
-    self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    self._server = LoopbackHTTPServer(Handler)
     # A short poll interval: shutdown() waits up to one interval.
     self._thread = threading.Thread(target=self._server.serve_forever, args=(0.01,),
                                     daemon=True)

@@ -52,6 +52,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from tests.helpers.loopback import LoopbackHTTPServer
+
 # GenerateReqInput fields (sglang / sglang-jax io_struct.py) that a client may send.
 GENERATE_KEYS = frozenset({
     "text", "input_ids", "input_embeds", "image_data", "sampling_params", "rid", "stream",
@@ -176,8 +178,7 @@ class FakeSGLangServer:
     self._chaos: tuple[float, tuple[str, ...], random.Random, Callable[[Any], bool]] | None = None
     self.injected: collections.Counter[str] = collections.Counter()   # chaos faults sent
     self._lock = threading.Lock()
-    self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
-    self._httpd.daemon_threads = True
+    self._httpd = LoopbackHTTPServer(self._handler_class())
     self._thread: threading.Thread | None = None
 
   @property

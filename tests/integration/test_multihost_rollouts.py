@@ -42,6 +42,17 @@ def _run(pipeline: str, tmp: Path, processes: int, *extra: str):
   return results, [proc.returncode for proc in procs], logs, requests
 
 
+def _differences(a, b, path="") -> list[str]:
+  """The paths (keys and indices) where two JSON values differ, with both values."""
+  if isinstance(a, dict) and isinstance(b, dict):
+    return [d for k in sorted(set(a) | set(b), key=str)
+            for d in (_differences(a[k], b[k], f"{path}.{k}") if k in a and k in b
+                      else [f"{path}.{k}: only in {'the first' if k in a else 'the second'}"])]
+  if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+    return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{path}[{i}]")]
+  return [] if a == b else [f"{path}: {a!r} != {b!r}"[:300]]
+
+
 def _request_keys(requests):
   return collections.Counter(
       (tuple(r["input_ids"]), r["sampling_params"].get("sampling_seed")) for r in requests)
@@ -59,10 +70,10 @@ def test_two_processes_send_each_request_once_and_agree_with_one(pipeline, tmp_p
   assert max(_request_keys(one_requests).values()) == 1
   # Some chosen rollout has a non-zero advantage, so the equality below is about the values.
   assert any(row["advantage"] != 0 for step in one["steps"] for row in step["rows"])
-  for output in two:
+  for process, output in enumerate(two):
     # Rows, selection and every summed counter, step by step; the evaluation's pass rates and
     # episode records (agentic).
-    assert output == one
+    assert output == one, (process, _differences(one, output)[:20])
 
 
 def test_a_failed_share_stops_every_process(tmp_path):
