@@ -328,7 +328,8 @@ def run_ours_agentic(args: argparse.Namespace, tokenizer,
       used = used | (np.asarray(batch["distill_mask"]) > 0)
     rows, seq_len = np.shape(batch["input_ids"])
     head_tflops = flops.train_step_flops(
-        model.cfg, rows, seq_len, flops.batch_forwards(batch, trainable.config.needs_ref_params),
+        model.cfg, rows, seq_len, flops.batch_forwards(batch, trainable.config.needs_ref_params,
+                                                       trainable.config.micro_batches),
         head_positions=int(used[:, 1:].sum()))["total"] / 1e12
     timer("sync", lambda: trainer.sync_weights(run, step + 1))
     pipeline.observe(record)

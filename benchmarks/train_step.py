@@ -6,9 +6,13 @@ self-distillation, on a tiny Qwen3 and on the SmolLM2-135M architecture (random 
 For each model, one batch of B rows of P prompt + C response columns (the tunix driver's
 batch recipe, `grpo_batch`) and two step configs compiled by `rised_jax.learn.train_step`:
 
-  grpo    clipped PG, seq-mean-token-mean, ε = 0.2, truncated importance weight (C = 2)
-  fused   the same plus β · forward KL(p_T ‖ p_S) over the full vocabulary against the live
-          teacher (same parameters, another prefix, stop-gradient) on every response token
+  grpo        clipped PG, seq-mean-token-mean, ε = 0.2, truncated importance weight (C = 2)
+  fused       the same plus β · forward KL(p_T ‖ p_S) over the full vocabulary against the
+              live teacher (same parameters, another prefix, stop-gradient) on every
+              response token
+  fused_idle  the fused config on the same batch without a distillation token (a RISED step
+              whose trained groups have no positive-rubric teacher): the step skips the
+              teacher's forward, so this should cost what grpo does
 
 Reported per case: compile time (apart), median step time over --iters calls after --warmup,
 tokens/s (all B·T columns, and response tokens), CPU seconds per step (all threads; steadier
@@ -17,7 +21,8 @@ student's forward + backward, plus one teacher forward for `fused`), XLA's FLOP 
 it, MFU = model FLOPs / step time / the float32 matmul rate measured just before the case
 (and the same per CPU-second: `mfu_cpu_time`), and the
 compiled memory (common.memory_report; `total_bytes` is the headline), plus the process's
-peak RSS so far. Per model: the fused / GRPO step-time ratio (target ≤ 1.35).
+peak RSS so far. Per model: the fused / GRPO step-time ratio (target ≤ 1.35) and the
+fused_idle / GRPO one.
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ import numpy as np  # noqa: E402
 from benchmarks import common  # noqa: E402
 from rised_jax import parallel  # noqa: E402
 from rised_jax.learn import loss_terms, train_step as step_lib  # noqa: E402
+from rised_jax.learn.flops import batch_forwards  # noqa: E402
 from rised_jax.model import ModelConfig, from_config  # noqa: E402
 
 PAD_ID = 0
@@ -127,7 +133,9 @@ def bench_step(cfg: ModelConfig, config: step_lib.StepConfig,
 
   rows, seq_len = batch["input_ids"].shape
   tokens = rows * seq_len
-  flops = common.train_step_flops(cfg, rows, seq_len, teacher_forwards=int(config.distills))
+  flops = common.train_step_flops(
+      cfg, rows, seq_len,
+      teacher_forwards=batch_forwards(batch, ref_kl=False) if config.distills else 0.0)
   median = timing.median_s
   achieved = flops["total"] / median
   return {
@@ -164,12 +172,14 @@ def bench_model(preset: str, args: argparse.Namespace) -> dict[str, Any]:
       beta=args.beta, divergence="forward-kl"))
   batch = grpo_batch(cfg.vocab_size, rows, args.prompt_len, args.response_len, seed=args.seed,
                      teacher=True)
+  idle = dict(batch, distill_mask=np.zeros_like(batch["distill_mask"]))
   cases = {}
-  for name, config in (("grpo", grpo), ("fused", fused)):
+  for name, config, case_batch in (("grpo", grpo, batch), ("fused", fused, batch),
+                                   ("fused_idle", fused, idle)):
     print(f"[{preset}] {name}: compiling and timing ...", flush=True)
     # Measured next to each case: the load of a shared machine changes within a run.
     matmul = common.measure_matmul_rate(args.matmul_size, args.matmul_seconds)
-    cases[name] = bench_step(cfg, config, optimizer, batch, warmup=args.warmup,
+    cases[name] = bench_step(cfg, config, optimizer, case_batch, warmup=args.warmup,
                              iters=args.iters, matmul=matmul, seed=args.seed)
   return {
       "model": preset,
@@ -182,18 +192,20 @@ def bench_model(preset: str, args: argparse.Namespace) -> dict[str, Any]:
                                    / cases["grpo"]["step"]["median_s"],
       "fused_over_grpo_cpu_time": cases["fused"]["step"]["cpu_median_s"]
                                   / cases["grpo"]["step"]["cpu_median_s"],
+      "fused_idle_over_grpo_step_time": cases["fused_idle"]["step"]["median_s"]
+                                        / cases["grpo"]["step"]["median_s"],
   }
 
 
 def print_table(models: Sequence[dict[str, Any]]) -> None:
-  print(f"{'model':15s} {'case':6s} {'compile s':>9s} {'ms/step':>9s} {'cpu ms':>9s} {'tok/s':>9s} "
+  print(f"{'model':15s} {'case':10s} {'compile s':>9s} {'ms/step':>9s} {'cpu ms':>9s} {'tok/s':>9s} "
         f"{'GFLOP':>8s} {'XLA GFLOP':>9s} {'GFLOP/s':>8s} {'MFU':>6s} {'MFU(cpu)':>8s} "
         f"{'mm GF/s':>8s} {'total mem':>11s} "
         f"{'temp mem':>11s}")
   for model in models:
     for name, case in model["cases"].items():
       xla = case["xla_flops"]
-      print(f"{model['model']:15s} {name:6s} {case['compile_s']:9.1f} "
+      print(f"{model['model']:15s} {name:10s} {case['compile_s']:9.1f} "
             f"{case['step']['median_s'] * 1e3:9.1f} {case['step']['cpu_median_s'] * 1e3:9.1f} "
             f"{case['tokens_per_s']:9.0f} "
             f"{case['model_flops']['total'] / 1e9:8.2f} "
@@ -204,7 +216,8 @@ def print_table(models: Sequence[dict[str, Any]]) -> None:
             f"{common.gib(case['memory']['temp_bytes']):>11s}")
     print(f"{model['model']:15s} fused/GRPO step time {model['fused_over_grpo_step_time']:.3f} "
           f"(CPU time {model['fused_over_grpo_cpu_time']:.3f}; target <= "
-          f"{FUSED_OVER_GRPO_TARGET})")
+          f"{FUSED_OVER_GRPO_TARGET}); without distillation tokens "
+          f"{model['fused_idle_over_grpo_step_time']:.3f}")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -305,7 +305,8 @@ def _build(config: ml_collections.ConfigDict, workdir: epath.Path) -> Run:
       model.cfg, settings.model.compute_dtype, ref_kl=trainable.config.needs_ref_params,
       peak_flops_per_s=settings.train.peak_flops_per_s,
       num_iterations=trainable.config.num_iterations,
-      old_policy_pass=trainable.config.fixed_per_batch)
+      old_policy_pass=trainable.config.fixed_per_batch,
+      micro_batches=trainable.config.micro_batches)
   run = Run(config=config, settings=settings, tokenizer=tokenizer, trainable=trainable, state=state,
             engine=engine, pipeline=pipelines.make_pipeline(config, engine, tokenizer),
             checkpointer=_checkpointer(settings.train, workdir),

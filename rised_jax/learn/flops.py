@@ -65,7 +65,7 @@ def decoder_forward_flops(cfg: ModelConfig, rows: int, seq_len: int,
 
 
 def train_step_flops(cfg: ModelConfig, rows: int, seq_len: int,
-                     teacher_forwards: int = 0,
+                     teacher_forwards: float = 0.0,
                      head_positions: int | None = None) -> dict[str, float]:
   """Model FLOPs of one train step: forward + backward (3 × forward) of the student, plus
   `teacher_forwards` stop-gradient forwards of the same shape (the fused step's teacher).
@@ -144,12 +144,23 @@ def measure_matmul_rate(size: int, min_seconds: float = 1.0, min_calls: int = 3,
           "flops_per_s": 2.0 * size**3 / median, "flops_per_cpu_s": 2.0 * size**3 / cpu_median}
 
 
-def batch_forwards(batch: Mapping[str, Any], ref_kl: bool) -> int:
-  """Stop-gradient forwards the step runs besides the student's forward + backward: one per
-  teacher row set the batch carries (`teacher_input_ids`, `cf_teacher_input_ids`) and one of
-  the frozen reference policy when the reference KL is on."""
-  return (int("teacher_input_ids" in batch) + int("cf_teacher_input_ids" in batch)
-          + int(ref_kl))
+def batch_forwards(batch: Mapping[str, Any], ref_kl: bool, micro_batches: int = 1) -> float:
+  """Stop-gradient forwards the step runs besides the student's forward + backward: one of the
+  frozen reference policy when the reference KL is on, and one per teacher row set the batch
+  carries (`teacher_input_ids`, `cf_teacher_input_ids`) times the share of its micro-batches
+  (rows m, m + M, … as the step splits them) with a token that reads that teacher: the step
+  skips the others' forward (`train_step.teacher_rows_hidden`)."""
+  def share(token_mask) -> float:
+    mask = np.asarray(token_mask) > 0
+    per_micro = mask.reshape(mask.shape[0] // micro_batches, micro_batches, -1).any(axis=(0, 2))
+    return float(per_micro.mean())
+
+  forwards = float(ref_kl)
+  if "teacher_input_ids" in batch:
+    forwards += share(batch["distill_mask"])
+  if "cf_teacher_input_ids" in batch:
+    forwards += share(np.asarray(batch["cf_mask"]) * np.asarray(batch["loss_mask"]))
+  return forwards
 
 
 def peak_flops_per_s_of(device_kind: str, num_devices: int) -> float | None:
@@ -177,26 +188,27 @@ class Throughput:
   # forward first fixes log π_old.
   num_iterations: int = 1
   old_policy_pass: bool = False
+  micro_batches: int = 1   # how the step splits a batch's rows (`batch_forwards`)
 
   @classmethod
   def for_devices(cls, model: ModelConfig, compute_dtype: str, *, ref_kl: bool,
                   peak_flops_per_s: float = 0.0, num_iterations: int = 1,
-                  old_policy_pass: bool = False) -> "Throughput":
+                  old_policy_pass: bool = False, micro_batches: int = 1) -> "Throughput":
     """The run's throughput meter: a configured peak, else the published one of these
     devices, else their measured matmul rate at the compute dtype (about a second)."""
     devices = jax.devices()
     if peak_flops_per_s > 0:
       return cls(model, float(peak_flops_per_s), "config", ref_kl, num_iterations,
-                 old_policy_pass)
+                 old_policy_pass, micro_batches)
     kind = devices[0].device_kind
     published = peak_flops_per_s_of(kind, len(devices))
     if published is not None:
       return cls(model, published, f"published bf16 peak of {len(devices)} × {kind}", ref_kl,
-                 num_iterations, old_policy_pass)
+                 num_iterations, old_policy_pass, micro_batches)
     rate = measure_matmul_rate(1024, min_seconds=0.5, dtype=jnp.dtype(compute_dtype))
     return cls(model, rate["flops_per_s"] * len(devices),
                f"measured {compute_dtype} 1024² matmul rate of {len(devices)} × {kind}", ref_kl,
-               num_iterations, old_policy_pass)
+               num_iterations, old_policy_pass, micro_batches)
 
   def step_metrics(self, batch: Mapping[str, Any], seconds: float) -> dict[str, float]:
     """What one executed step did in `seconds` (compile time excluded by the caller). The
@@ -214,7 +226,8 @@ class Throughput:
     """
     rows, seq_len = np.shape(batch["input_ids"])
     one_pass = train_step_flops(self.model, rows, seq_len,
-                                teacher_forwards=batch_forwards(batch, self.ref_kl))["total"]
+                                teacher_forwards=batch_forwards(batch, self.ref_kl,
+                                                                self.micro_batches))["total"]
     forward = sum(decoder_forward_flops(self.model, rows, seq_len, seq_len - 1).values())
     flops = self.num_iterations * one_pass + (forward if self.old_policy_pass else 0.0)
     tokens = float(np.sum(batch["attention_mask"]))

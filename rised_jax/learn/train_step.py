@@ -280,6 +280,21 @@ def _teacher_model(params, teacher_params, graphdef, rest) -> nnx.Module:
   return nnx.merge(graphdef, jax.lax.stop_gradient(frozen), rest)
 
 
+def teacher_rows_hidden(teacher_model, input_ids: Array, attention_mask: Array,
+                        token_mask: Array) -> Array:
+  """The teacher rows' hidden states, or zeros of their shape when `token_mask` (the tokens
+  that read this teacher: distillation or counterfactual) is empty: such a micro-batch uses
+  nothing of the teacher (every read is masked by `token_mask`), so it skips the forward, a
+  quarter of a step's model FLOPs (RISED trains most steps' groups without a positive-rubric
+  teacher). The cond runs one branch at run time; the zeros give finite, masked-out logits."""
+  def forward(teacher):
+    return teacher.hidden_states(input_ids, attention_mask)
+
+  out = nnx.eval_shape(forward, teacher_model)
+  return nnx.cond(jnp.any(token_mask > 0), forward,
+                  lambda _: jnp.zeros(out.shape, out.dtype), teacher_model)
+
+
 def _distill_token_stats(model, teacher_model, config: StepConfig, mb: Mapping[str, Array], *,
                          with_teacher: bool = True):
   """Chunked student / injection-teacher token statistics of one micro-batch (the teacher's
@@ -287,8 +302,8 @@ def _distill_token_stats(model, teacher_model, config: StepConfig, mb: Mapping[s
   student_hidden = model.hidden_states(mb["input_ids"], mb["attention_mask"])
   teacher_hidden = None
   if config.distills and with_teacher:
-    teacher_hidden = teacher_model.hidden_states(mb["teacher_input_ids"],
-                                                 mb["teacher_attention_mask"])
+    teacher_hidden = teacher_rows_hidden(teacher_model, mb["teacher_input_ids"],
+                                         mb["teacher_attention_mask"], mb["distill_mask"])
   distill = config.teacher_kl
   return chunked.token_stats_chunked(
       student_hidden, teacher_hidden, model.logits, mb["input_ids"], chunk=config.chunk,
@@ -313,9 +328,9 @@ def _counterfactual_flips(teacher_model, config: StepConfig, mb: Mapping[str, Ar
                           student_logprob: Array, advantages: Array) -> tuple[Array, Array]:
   """CriPO's SC branch: (edited advantages, float 0/1 flip mask), from a counterfactual-teacher
   forward (stop-gradient) and the student's log-probs of the same tokens."""
-  cf_hidden = teacher_model.hidden_states(mb["cf_teacher_input_ids"],
-                                          mb["cf_teacher_attention_mask"])
   cf_mask = mb["cf_mask"] * mb["loss_mask"].astype(jnp.float32)
+  cf_hidden = teacher_rows_hidden(teacher_model, mb["cf_teacher_input_ids"],
+                                  mb["cf_teacher_attention_mask"], cf_mask)
   cf_logprob, cf_log_max = chunked.teacher_token_stats_chunked(
       cf_hidden, teacher_model.logits, mb["input_ids"], chunk=config.chunk, positions=cf_mask)
   edited, flipped = cripo.counterfactual_flips(

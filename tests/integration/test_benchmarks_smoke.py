@@ -55,7 +55,7 @@ def test_train_step_ratios_follow_from_reported_times(train_step_run):
   _, result = train_step_run
   model = result["models"][0]
   cases = model["cases"]
-  assert set(cases) == {"grpo", "fused"}
+  assert set(cases) == {"grpo", "fused", "fused_idle"}
   for name, case in cases.items():
     matmul = case["matmul"]
     assert _close(matmul["flops_per_s"], 2 * 128**3 / matmul["median_s"])
@@ -75,7 +75,10 @@ def test_train_step_ratios_follow_from_reported_times(train_step_run):
                 cases["fused"]["step"]["median_s"] / cases["grpo"]["step"]["median_s"])
   assert _close(model["fused_over_grpo_cpu_time"],
                 cases["fused"]["step"]["cpu_median_s"] / cases["grpo"]["step"]["cpu_median_s"])
+  assert _close(model["fused_idle_over_grpo_step_time"],
+                cases["fused_idle"]["step"]["median_s"] / cases["grpo"]["step"]["median_s"])
   assert cases["grpo"]["step_config"]["beta"] == 0 and cases["fused"]["step_config"]["beta"] > 0
+  assert cases["fused_idle"]["step_config"] == cases["fused"]["step_config"]
 
 
 def test_train_step_memory_parts_add_up(train_step_run):
@@ -108,6 +111,8 @@ def test_train_step_flops_hand_worked(train_step_run):
   cases = result["models"][0]["cases"]
   assert cases["grpo"]["model_flops"]["total"] == 3 * (linear + attention + unembed)
   assert cases["fused"]["model_flops"]["total"] == 4 * (linear + attention + unembed)
+  # No distillation token: the step skips the teacher's forward.
+  assert cases["fused_idle"]["model_flops"]["total"] == 3 * (linear + attention + unembed)
   # XLA's count adds the rematerialised logits and elementwise work on top of ours.
   for case in cases.values():
     assert 0.95 <= case["xla_flops"] / case["model_flops"]["total"] <= 1.5

@@ -25,10 +25,14 @@ def _batch(rows=3, seq=6, teacher=False, cf=False):
   batch["attention_mask"][1, 3:] = 1      # 3 tokens; row 2 is padding
   batch["loss_mask"][0, 4:] = 1.0         # 2 trained tokens
   batch["loss_mask"][1, 5] = 0.5          # 1 (a weight, still a trained token)
-  if teacher:
+  if teacher:   # row 0 distils on its trained tokens
     batch["teacher_input_ids"] = batch["input_ids"].copy()
-  if cf:
+    batch["distill_mask"] = np.zeros((rows, seq), np.float32)
+    batch["distill_mask"][0, 4:] = 1.0
+  if cf:        # row 1's trained token reads the counterfactual teacher
     batch["cf_teacher_input_ids"] = batch["input_ids"].copy()
+    batch["cf_mask"] = np.zeros((rows, seq), np.float32)
+    batch["cf_mask"][1, :] = 1.0
   return batch
 
 
@@ -62,6 +66,18 @@ def test_batch_forwards():
   assert flops.batch_forwards(_batch(), ref_kl=False) == 0
   assert flops.batch_forwards(_batch(teacher=True), ref_kl=False) == 1
   assert flops.batch_forwards(_batch(teacher=True, cf=True), ref_kl=True) == 3
+  # A teacher no token reads is not run (train_step.teacher_rows_hidden).
+  unread = _batch(teacher=True, cf=True)
+  unread["distill_mask"][:] = 0
+  unread["cf_mask"][1, 5] = 0   # row 1's only trained token
+  assert flops.batch_forwards(unread, ref_kl=False) == 0
+  # Per micro-batch: 4 rows in 2 strided micro-batches, rows {0, 2} and {1, 3}. Row 0
+  # distils: micro-batch 0 runs the teacher, micro-batch 1 does not.
+  four = _batch(rows=4, teacher=True)
+  assert flops.batch_forwards(four, ref_kl=False, micro_batches=2) == 0.5
+  four["distill_mask"][3, 5] = 1.0   # now micro-batch 1 too
+  assert flops.batch_forwards(four, ref_kl=False, micro_batches=2) == 1.0
+  assert flops.batch_forwards(four, ref_kl=False, micro_batches=4) == 0.5   # rows 0 and 3
 
 
 def test_peak_source():

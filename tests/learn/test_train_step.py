@@ -26,6 +26,18 @@ REPO = HARNESS.parents[2]
 
 def _reference_loss(model, batch, config: train_step.StepConfig, beta: float):
   """Full-logits loss written from the equations (docs/ALGORITHMS.md §1.2-1.5), no chunking."""
+  pg, logp_all = _reference_policy_gradient(model, batch, config)
+  t_logits = jax.lax.stop_gradient(model(jnp.asarray(batch["teacher_input_ids"]),
+                                         jnp.asarray(batch["teacher_attention_mask"])))
+  t_logp_all = jax.nn.log_softmax(t_logits[:, :-1], axis=-1)
+  kl = (jnp.exp(t_logp_all) * (t_logp_all - logp_all)).sum(-1)
+  kl = jnp.pad(kl, [(0, 0), (1, 0)])
+  dmask = jnp.asarray(batch["distill_mask"])
+  return pg + beta * (kl * dmask).sum() / dmask.sum()
+
+
+def _reference_policy_gradient(model, batch, config: train_step.StepConfig):
+  """The clipped, importance-weighted GRPO term alone, and the student's log-softmax."""
   logp, logp_all = step_fixtures.target_logprobs(model, batch)
   mask = jnp.asarray(batch["loss_mask"])
   adv = jnp.asarray(batch["advantages"])
@@ -39,14 +51,7 @@ def _reference_loss(model, batch, config: train_step.StepConfig, beta: float):
   per_token = jnp.where(mask > 0, per_token * weight, 0.0)
   tokens = mask.sum(-1)
   seq = jnp.where(tokens > 0, (per_token * mask).sum(-1) / jnp.maximum(tokens, 1), 0.0)
-  pg = seq.sum() / (tokens > 0).sum()
-  t_logits = jax.lax.stop_gradient(model(jnp.asarray(batch["teacher_input_ids"]),
-                                         jnp.asarray(batch["teacher_attention_mask"])))
-  t_logp_all = jax.nn.log_softmax(t_logits[:, :-1], axis=-1)
-  kl = (jnp.exp(t_logp_all) * (t_logp_all - logp_all)).sum(-1)
-  kl = jnp.pad(kl, [(0, 0), (1, 0)])
-  dmask = jnp.asarray(batch["distill_mask"])
-  return pg + beta * (kl * dmask).sum() / dmask.sum()
+  return seq.sum() / (tokens > 0).sum(), logp_all
 
 
 def _one_device_mesh():
@@ -93,6 +98,43 @@ def test_fused_loss_and_grads_equal_unchunked_reference(sparse):
   for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
     np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
   assert float(jnp.abs(jnp.asarray(jax.tree.leaves(grads)[0])).max()) > 0
+
+
+@pytest.mark.parametrize("distills", [False, True], ids=["no-distill-tokens", "distill-tokens"])
+def test_a_teacher_that_no_token_reads_is_not_run(distills):
+  """A frozen teacher whose decoder layers are all NaN: with no distillation token its forward
+  must be skipped (the loss and gradients are the GRPO reference's, finite); with one, its NaN
+  reaches the loss, so the first case can only pass when the forward is skipped. (Its
+  embedding and head stay finite: the head still runs on the zero hidden states of a skipped
+  forward, whose divergence every read masks out.)"""
+  config = step_fixtures.step_config(chunk=5, teacher="frozen")
+  model = step_fixtures.tiny_model()
+  batch = step_fixtures.batch(0)
+  if not distills:
+    batch["distill_mask"][:] = 0
+  batch = {k: jnp.asarray(v) for k, v in batch.items()}
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  nan_teacher = jax.tree_util.tree_map_with_path(
+      lambda path, x: jnp.full_like(x, jnp.nan) if "layers" in jax.tree_util.keystr(path) else x,
+      params)
+  assert any(np.isnan(x).all() for x in jax.tree.leaves(nan_teacher))
+  tokens = batch["loss_mask"].sum(-1)
+  denominators = {"pg": (tokens > 0).sum().astype(jnp.float32),
+                  "distill": jnp.maximum(batch["distill_mask"].sum(), 1.0)}
+
+  def fused(p):
+    return train_step._micro_loss(p, rest, nan_teacher, graphdef, config, batch, denominators,
+                                  jnp.float32(config.teacher_kl.beta))[0]
+
+  loss, grads = jax.value_and_grad(fused)(params)
+  if distills:
+    assert not np.isfinite(float(loss))
+    return
+  ref_loss, ref_grads = jax.value_and_grad(
+      lambda p: _reference_policy_gradient(nnx.merge(graphdef, p, rest), batch, config)[0])(params)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-6)
+  for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
 
 
 def _run_steps(config, steps=2, optimizer=None, remat=False):
