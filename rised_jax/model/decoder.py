@@ -45,6 +45,7 @@ import numpy as np
 from flax import nnx
 
 from rised_jax import parallel
+from rised_jax.model import shared_prefix
 from rised_jax.model.config import ModelConfig, RopeConfig
 
 VOCAB, EMBED, HEADS, KV_HEADS, HEAD_DIM, MLP_AXIS, NORM = (
@@ -135,13 +136,18 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def visible_keys(q_slots: jax.Array, q_positions: jax.Array, k_slots: jax.Array,
-                 k_positions: jax.Array, k_valid: jax.Array, window: int | None) -> jax.Array:
+                 k_positions: jax.Array, k_valid: jax.Array, window: int | None,
+                 segments: np.ndarray | None = None) -> jax.Array:
   """[B, Tq, Tk] bool: which keys each query sees.
 
   Causal by slot (column), restricted to valid keys and, for a sliding-window layer, to keys
-  whose position is less than `window` before the query's.
+  whose position is less than `window` before the query's. With `segments` (one id per slot
+  of a full sequence, Tq = Tk: `shared_prefix.segments`), a key of segment 0 (the shared
+  prefix) is seen by every later query, any other key only by queries of its own segment.
   """
   visible = k_valid[:, None, :] & (k_slots[None, None, :] <= q_slots[None, :, None])
+  if segments is not None:
+    visible &= (segments[None, :] == 0) | (segments[None, :] == segments[:, None])
   if window is not None:
     visible &= (q_positions[:, :, None] - k_positions[:, None, :]) < window
   return visible
@@ -253,21 +259,56 @@ def _add_to_prefix(total: jax.Array, part: jax.Array, axis: int) -> jax.Array:
   return jax.lax.dynamic_update_slice_in_dim(total, head + part, 0, axis)
 
 
+def _key_start(start: int, key_layout: tuple[int, int] | None) -> int:
+  """The first key column past the shared prefix that the query block starting at `start`
+  may see: with `key_layout` (P, R), a packed sequence of a P-column prefix and responses of R
+  columns each (`shared_prefix`), a response's queries see the prefix and their own
+  response only, so the keys of the responses before it are skipped; else 0."""
+  if key_layout is None or start < key_layout[0]:
+    return 0
+  prefix, response = key_layout
+  return prefix + (start - prefix) // response * response
+
+
+def _block_keys(x: jax.Array, axis: int, prefix: int, lo: int, stop: int) -> jax.Array:
+  """The key columns [0, stop) of x along `axis`, without [prefix, lo) when lo > prefix."""
+  if lo <= prefix:
+    return jax.lax.slice_in_dim(x, 0, stop, axis=axis)
+  return jnp.concatenate([jax.lax.slice_in_dim(x, 0, prefix, axis=axis),
+                          jax.lax.slice_in_dim(x, lo, stop, axis=axis)], axis=axis)
+
+
+def _add_block_keys(total: jax.Array, part: jax.Array, axis: int, prefix: int, lo: int
+                    ) -> jax.Array:
+  """total with `part` (the columns `_block_keys` took) added back at their columns."""
+  if lo <= prefix:
+    return _add_to_prefix(total, part, axis)
+  total = _add_to_prefix(total, jax.lax.slice_in_dim(part, 0, prefix, axis=axis), axis)
+  rest = jax.lax.slice_in_dim(part, prefix, part.shape[axis], axis=axis)
+  here = jax.lax.slice_in_dim(total, lo, lo + rest.shape[axis], axis=axis)
+  return jax.lax.dynamic_update_slice_in_dim(total, here + rest, lo, axis)
+
+
 def _causal_blocks_forward(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                           scale: float, softcap: float | None, block: int
+                           scale: float, softcap: float | None, block: int,
+                           key_layout: tuple[int, int] | None = None
                            ) -> tuple[jax.Array, tuple[jax.Array, ...]]:
   """(output [B, T, H, hd], residuals for the backward: head-major q, k, v, the mask, the
   head-major output and the log-sum-exp of every query's scores)."""
   kv_heads = k.shape[2]
   qh = _split_heads(q, kv_heads)
   kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+  prefix = 0 if key_layout is None else key_layout[0]
   outs, lses = [], []
   for start, stop in _query_blocks(q.shape[1], block):
+    lo = _key_start(start, key_layout)
     q_block = qh[..., start:stop, :]
     if lses:
       q_block = _after(q_block, lses[-1][..., :1, None])
-    out, lse = _block_forward(q_block, kh[..., :stop, :], vh[..., :stop, :],
-                              mask[:, start:stop, :stop], scale, softcap)
+    out, lse = _block_forward(q_block, _block_keys(kh, 2, prefix, lo, stop),
+                              _block_keys(vh, 2, prefix, lo, stop),
+                              _block_keys(mask[:, start:stop], 2, prefix, lo, stop), scale,
+                              softcap)
     outs.append(out)
     lses.append(lse)
   out = jnp.concatenate(outs, axis=3)
@@ -275,6 +316,7 @@ def _causal_blocks_forward(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.A
 
 
 def _causal_blocks_backward(scale: float, softcap: float | None, block: int,
+                            key_layout: tuple[int, int] | None,
                             residuals: tuple[jax.Array, ...], dout: jax.Array
                             ) -> tuple[jax.Array, jax.Array, jax.Array, None]:
   """(dq, dk, dv, no cotangent for the boolean mask), block by block; dk and dv accumulate
@@ -283,8 +325,10 @@ def _causal_blocks_backward(scale: float, softcap: float | None, block: int,
   douth = _split_heads(dout, kh.shape[1])
   dk = jnp.zeros(kh.shape, jnp.float32)
   dv = jnp.zeros(vh.shape, jnp.float32)
+  prefix = 0 if key_layout is None else key_layout[0]
   dqs = []
   for start, stop in _query_blocks(qh.shape[3], block):
+    lo = _key_start(start, key_layout)
     dout_block = douth[..., start:stop, :]
     # The recomputation waits for the cotangent (else XLA may run every layer's early, all
     # live at once) and for the previous block.
@@ -292,18 +336,20 @@ def _causal_blocks_backward(scale: float, softcap: float | None, block: int,
     if dqs:
       q_block = _after(q_block, dqs[-1][..., :1, :1])
     dq_block, dk_block, dv_block = _block_backward(
-        q_block, kh[..., :stop, :], vh[..., :stop, :], mask[:, start:stop, :stop],
-        out[..., start:stop, :], lse[..., start:stop], dout_block, scale, softcap)
+        q_block, _block_keys(kh, 2, prefix, lo, stop), _block_keys(vh, 2, prefix, lo, stop),
+        _block_keys(mask[:, start:stop], 2, prefix, lo, stop), out[..., start:stop, :],
+        lse[..., start:stop], dout_block, scale, softcap)
     dqs.append(dq_block)
-    dk, dv = _add_to_prefix(dk, dk_block, axis=2), _add_to_prefix(dv, dv_block, axis=2)
+    dk = _add_block_keys(dk, dk_block, 2, prefix, lo)
+    dv = _add_block_keys(dv, dv_block, 2, prefix, lo)
   dq = _merge_heads(jnp.concatenate(dqs, axis=3))
   return (dq.astype(qh.dtype), dk.transpose(0, 2, 1, 3).astype(kh.dtype),
           dv.transpose(0, 2, 1, 3).astype(vh.dtype), None)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _causal_blocks(q, k, v, mask, scale, softcap, block):
-  return _causal_blocks_forward(q, k, v, mask, scale, softcap, block)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _causal_blocks(q, k, v, mask, scale, softcap, block, key_layout):
+  return _causal_blocks_forward(q, k, v, mask, scale, softcap, block, key_layout)[0]
 
 
 _causal_blocks.defvjp(_causal_blocks_forward, _causal_blocks_backward)
@@ -311,7 +357,8 @@ _causal_blocks.defvjp(_causal_blocks_forward, _causal_blocks_backward)
 
 def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
                            scale: float, softcap: float | None = None,
-                           block: int | None = None) -> jax.Array:
+                           block: int | None = None,
+                           key_layout: tuple[int, int] | None = None) -> jax.Array:
   """`attention` over one full sequence, skipping the keys that causality hides.
 
   q [B, T, H, hd], k/v [B, T, KVH, hd] over the same T slots, mask [B, T, T] causal by slot
@@ -322,9 +369,14 @@ def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.A
   log-sum-exp (the flash-attention backward), so no [B, H, T, T] buffer is stored between
   the passes and the peak is one block's [B, H, block, T].
 
+  With `key_layout` (P, R), the sequence is a shared prefix of P columns followed by
+  responses of R columns (`shared_prefix.pack`) and the mask hides every other response from
+  a response's queries: a query block then also skips the keys of the responses before its
+  own (`_key_start`), so each response costs what it would in its own row.
+
   Equals `attention(q, k, v, mask)`, values and gradients, at every query that sees at least
-  one key. A query that sees none (padding) gets the mean of the values before its block's
-  end: finite and meaningless, as with `attention`.
+  one key. A query that sees none (padding) gets the mean of the values of the keys its
+  block reads: finite and meaningless, as with `attention`.
   """
   length = q.shape[1]
   if k.shape[1] != length or v.shape != k.shape or mask.shape[1:] != (length, length):
@@ -333,7 +385,10 @@ def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.A
   block = query_block_size(length) if block is None else block
   if block < 1:
     raise ValueError(f"causal_block_attention: block must be >= 1, got {block}")
-  return _causal_blocks(q, k, v, mask, scale, softcap, block)
+  if key_layout is not None and (min(key_layout) < 1 or (length - key_layout[0]) % key_layout[1]):
+    raise ValueError(f"causal_block_attention: key_layout {key_layout} (prefix, response "
+                     f"width) does not tile {length} columns")
+  return _causal_blocks(q, k, v, mask, scale, softcap, block, key_layout)
 
 
 def flat_matmul(x: jax.Array, kernel: jax.Array, in_dims: int,
@@ -437,9 +492,11 @@ class Attention(nnx.Module):
     self.dtype = dtype
 
   def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-               kv: LayerCache | None = None, cache_index: jax.Array | None = None
+               kv: LayerCache | None = None, cache_index: jax.Array | None = None,
+               key_layout: tuple[int, int] | None = None
                ) -> tuple[jax.Array, LayerCache | None]:
-    """x [B, T, D] -> ([B, T, D], the updated cache: None without one).
+    """x [B, T, D] -> ([B, T, D], the updated cache: None without one). `key_layout`: see
+    `causal_block_attention` (full sequences only).
 
     With `kv` the new keys/values are written at slots cache_index.. of this layer's part of
     the stack and the queries attend over the layer's whole cache.
@@ -453,7 +510,8 @@ class Attention(nnx.Module):
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if kv is None:
       # Full sequence: the mask is causal over these T slots, so later keys can be skipped.
-      out = causal_block_attention(q, k, v, mask, scale=self.scale, softcap=self.softcap)
+      out = causal_block_attention(q, k, v, mask, scale=self.scale, softcap=self.softcap,
+                                   key_layout=key_layout)
     else:
       # The new columns in the cache's layout: keys [1, B, KVH, hd, T], values [1, B, KVH, T, hd].
       new_k = jnp.transpose(k, (0, 2, 3, 1))[None].astype(kv.k.dtype)
@@ -507,9 +565,11 @@ class DecoderLayer(nnx.Module):
     self.sandwich = cfg.sandwich_norms
 
   def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-               kv: LayerCache | None = None, cache_index: jax.Array | None = None
+               kv: LayerCache | None = None, cache_index: jax.Array | None = None,
+               key_layout: tuple[int, int] | None = None
                ) -> tuple[jax.Array, LayerCache | None]:
-    attn_out, kv = self.attn(self.pre_attn_norm(x), cos, sin, mask, kv, cache_index)
+    attn_out, kv = self.attn(self.pre_attn_norm(x), cos, sin, mask, kv, cache_index,
+                             key_layout)
     if self.sandwich:
       attn_out = self.post_attn_norm(attn_out)
     x = constrain_activations(x + attn_out)
@@ -517,10 +577,6 @@ class DecoderLayer(nnx.Module):
     if self.sandwich:
       mlp_out = self.post_mlp_norm(mlp_out)
     return constrain_activations(x + mlp_out), kv
-
-
-def _run_layer(layer: DecoderLayer, *args):
-  return layer(*args)
 
 
 def constrain_activations(x: jax.Array) -> jax.Array:
@@ -551,7 +607,8 @@ def _pick(stack: jax.Array, index: jax.Array) -> jax.Array:
 def _scan_layers(layers: DecoderLayer, x: jax.Array, tables: list[tuple[jax.Array, jax.Array]],
                  masks: list[jax.Array], rope_of: list[int], window_of: list[int],
                  kv: tuple[jax.Array, jax.Array] | None, cache_index: jax.Array | None,
-                 remat: bool) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+                 remat: bool, key_layout: tuple[int, int] | None = None
+                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
   """Runs stacked layers ([L, ...] parameters) as one `lax.scan`: the layer is traced and
   compiled once, whatever L, and under a gradient only each layer's input x is kept.
 
@@ -571,7 +628,7 @@ def _scan_layers(layers: DecoderLayer, x: jax.Array, tables: list[tuple[jax.Arra
     layer_params, rope, window, index = per_layer
     layer = nnx.merge(graphdef, layer_params)
     x, layer_kv = layer(x, _pick(cos, rope), _pick(sin, rope), _pick(mask, window),
-                        None if kv is None else LayerCache(*kv, index), cache_index)
+                        None if kv is None else LayerCache(*kv, index), cache_index, key_layout)
     return (x, None if kv is None else (layer_kv.k, layer_kv.v)), None
 
   if remat:
@@ -628,11 +685,15 @@ class Decoder(nnx.Module):
   def _layers(self, x: jax.Array, q_slots: jax.Array, q_positions: jax.Array,
               k_slots: jax.Array, k_positions: jax.Array, k_valid: jax.Array,
               num_positions: int, cache: KVCache | None = None,
-              cache_index: jax.Array | None = None
+              cache_index: jax.Array | None = None,
+              key_layout: tuple[int, int] | None = None
               ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """Runs every layer; RoPE tables and masks are built once per distinct RoPE / window.
 
-    Every query position lies below `num_positions` (`rope_tables`).
+    Every query position lies below `num_positions` (`rope_tables`). `key_layout` (P, R):
+    the full sequences are packed groups, a P-column shared prefix and responses of R columns
+    (`shared_prefix`), which the masks (`visible_keys`) and the attention
+    (`causal_block_attention`) follow.
 
     Returns (hidden states after the final norm, the updated keys and values (`KVCache`'s
     layouts) when a cache is given, else None).
@@ -645,7 +706,11 @@ class Decoder(nnx.Module):
                  for i in range(cfg.num_layers)]
     tables = [rope_tables(q_positions, rope.inv_freq(cfg.head_dim), num_positions)
               for rope in ropes]
-    masks = [visible_keys(q_slots, q_positions, k_slots, k_positions, k_valid, window)
+    segments = None
+    if key_layout is not None:
+      prefix, response = key_layout
+      segments = shared_prefix.segments(prefix, (x.shape[1] - prefix) // response, response)
+    masks = [visible_keys(q_slots, q_positions, k_slots, k_positions, k_valid, window, segments)
              for window in windows]
     # Remat only pays off under a gradient; decoding (with a cache) runs inside a while_loop
     # whose trace level nnx.remat must not cross.
@@ -654,9 +719,13 @@ class Decoder(nnx.Module):
     kv = None if cache is None else (cache.k, cache.v)
     if self.scan_layers:
       x, new_kv = _scan_layers(self.layers, x, tables, masks, rope_of, window_of, kv,
-                               cache_index, remat)
+                               cache_index, remat, key_layout)
       return self.final_norm(x), new_kv
-    layer_fn = nnx.remat(_run_layer) if remat else _run_layer
+
+    def run_layer(layer: DecoderLayer, *args):   # key_layout stays a static constant
+      return layer(*args, key_layout=key_layout)
+
+    layer_fn = nnx.remat(run_layer) if remat else run_layer
     for i, layer in enumerate(self.layers):
       x, layer_kv = layer_fn(layer, x, *tables[rope_of[i]], masks[window_of[i]],
                              None if kv is None else LayerCache(*kv, i), cache_index)
@@ -673,6 +742,31 @@ class Decoder(nnx.Module):
     hidden, _ = self._layers(self._embed(input_ids), slots, positions, slots, positions,
                              attention_mask.astype(bool), num_positions=input_ids.shape[1])
     return hidden
+
+  def shared_prefix_hidden_states(self, prefix_ids: jax.Array, prefix_mask: jax.Array,
+                                  input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+    """`hidden_states` of rows that come in groups sharing a prefix, the prefix run once.
+
+    prefix_ids / prefix_mask [n, P]: each group's prefix (left-padded); input_ids /
+    attention_mask [n·G, T]: the rows, group g being rows g·G … g·G + G − 1, whose first P
+    columns must equal their group's prefix (the caller's contract: `batching.assemble`
+    checks it). The group runs as one sequence, its prefix followed by its G responses
+    (`shared_prefix.pack`); each response attends to the prefix and causally to itself, at
+    the positions it has in its own row. Returns [n·G, T, D], as `hidden_states(input_ids,
+    attention_mask)` up to float rounding, for P + G·(T − P) columns of layer work per group
+    instead of G·T (the attention skips the other responses' keys too); the backward pass
+    sums the G rows' gradients into the one prefix.
+    """
+    width = prefix_ids.shape[1]
+    group_size = input_ids.shape[0] // prefix_ids.shape[0]
+    ids = shared_prefix.pack(prefix_ids, input_ids[:, width:])
+    mask = shared_prefix.pack(prefix_mask, attention_mask[:, width:])
+    positions = shared_prefix.positions(prefix_mask, attention_mask[:, width:])
+    slots = jnp.arange(ids.shape[1])
+    hidden, _ = self._layers(self._embed(ids), slots, positions, slots, positions,
+                             mask.astype(bool), num_positions=input_ids.shape[1],
+                             key_layout=(width, input_ids.shape[1] - width))
+    return shared_prefix.unpack(hidden, width, group_size)
 
   def logits(self, hidden: jax.Array) -> jax.Array:
     """[..., D] hidden states -> [..., V] float32 logits (tied or untied, softcapped)."""

@@ -19,7 +19,7 @@ from flax.core import spmd
 
 from tests.helpers import model_utils as mu
 from rised_jax.model import LOGICAL_AXES, ModelConfig, RopeConfig, from_pretrained, hf_state_dict
-from rised_jax.model import decoder as dec
+from rised_jax.model import decoder as dec, shared_prefix
 
 torch = pytest.importorskip("torch")
 
@@ -48,6 +48,28 @@ def test_padded_batch_matches_transformers(family, side):
     cols = mu.real_columns(mask, b)
     np.testing.assert_allclose(logits[b, cols], reference, atol=ATOL, rtol=0,
                                err_msg=f"{name}, {side}-padded row {b}")
+
+
+def test_shared_prefix_rows_match_transformers(family):
+  """Two groups of three rows, each group's prefix run once (`shared_prefix_hidden_states`):
+  every row's logits at its real columns equal transformers' on that row alone. The prefixes
+  differ in length (left padding), the responses too (right padding); the rows are longer
+  than the Gemma window."""
+  name, hf, ours, _, _ = family
+  prefixes = mu.random_rows((5, 3), seed=7)
+  responses = mu.random_rows((4, 7, 2, 6, 1, 3), seed=8)
+  prefix_ids, prefix_mask = mu.padded_batch(prefixes, "left")
+  response_ids, response_mask = mu.padded_batch(responses, "right")
+  input_ids = jnp.concatenate([jnp.repeat(prefix_ids, 3, axis=0), response_ids], axis=1)
+  attention_mask = jnp.concatenate([jnp.repeat(prefix_mask, 3, axis=0), response_mask], axis=1)
+  hidden = nnx.jit(lambda model, *arrays: model.shared_prefix_hidden_states(*arrays))(
+      ours, prefix_ids, prefix_mask, input_ids, attention_mask)
+  logits = np.asarray(LOGITS(ours, hidden))
+  assert np.isfinite(logits).all(), name
+  for b, response in enumerate(responses):
+    reference = mu.hf_logits(hf, prefixes[b // 3] + response)
+    np.testing.assert_allclose(logits[b, mu.real_columns(attention_mask, b)], reference,
+                               atol=ATOL, rtol=0, err_msg=f"{name}, row {b}")
 
 
 @pytest.mark.parametrize("name", ["llama_mha", "gemma3"])
@@ -299,6 +321,45 @@ def test_block_attention_equals_masked_attention(side, window, softcap, block):
     np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=0, err_msg=name)
 
 
+@pytest.mark.parametrize("window, softcap, block", [
+    (None, None, 8),    # blocks that straddle the prefix's end and the responses' ends
+    (6, 2.0, 5),
+    (None, None, 10),   # blocks of a response's width, offset by the 7-column prefix
+    (None, None, 64),   # one block
+])
+def test_block_attention_skipping_other_responses_equals_masked_attention(window, softcap,
+                                                                         block):
+  """Two packed groups, each a 7-column prefix and 3 responses of 10 columns (37 columns,
+  `shared_prefix`): skipping the keys of the earlier responses (`key_layout`) changes
+  neither the values nor the gradients of the plain masked attention."""
+  rng = np.random.default_rng(12)
+  q = jnp.asarray(rng.normal(size=(2, 37, 4, 8)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(2, 37, 2, 8)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(2, 37, 2, 8)), jnp.float32)
+  _, prefix_mask = mu.padded_batch(mu.random_rows((7, 4)), "left")
+  _, response_mask = mu.padded_batch(mu.random_rows((10, 3, 6, 1, 10, 8)), "right")
+  valid = shared_prefix.pack(prefix_mask, response_mask).astype(bool)
+  positions = shared_prefix.positions(prefix_mask, response_mask)
+  slots = jnp.arange(37)
+  mask = dec.visible_keys(slots, positions, slots, positions, valid, window,
+                          shared_prefix.segments(7, 3, 10))
+  weights = jnp.asarray(rng.normal(size=q.shape), jnp.float32) * valid[:, :, None, None]
+  plain = _values_and_grads(
+      lambda q, k, v, m: plain_attention(q, k, v, m, scale=0.3, softcap=softcap),
+      q, k, v, mask, weights)
+  skipping = _values_and_grads(
+      lambda q, k, v, m: dec.causal_block_attention(q, k, v, m, scale=0.3, softcap=softcap,
+                                                    block=block, key_layout=(7, 10)),
+      q, k, v, mask, weights)
+  sees_a_key = np.asarray(mask).any(-1)
+  np.testing.assert_allclose(skipping[0][sees_a_key], plain[0][sees_a_key], atol=1e-5, rtol=0)
+  for name, ours, reference in zip(("dq", "dk", "dv"), skipping[1:], plain[1:]):
+    assert np.abs(reference).max() > 0.1, name
+    np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=0, err_msg=name)
+  with pytest.raises(ValueError, match=r"key_layout \(7, 11\) .* does not tile 37 columns"):
+    dec.causal_block_attention(q, k, v, mask, scale=0.3, key_layout=(7, 11))
+
+
 def test_block_attention_refuses_cross_attention():
   q = jnp.zeros((1, 4, 2, 8))
   kv = jnp.zeros((1, 6, 1, 8))
@@ -377,7 +438,7 @@ def test_decoder_gradients_equal_those_of_plain_attention(monkeypatch):
 
   blocked = grads(remat=True)
   monkeypatch.setattr(dec, "causal_block_attention",
-                      lambda q, k, v, m, *, scale, softcap: plain_attention(
+                      lambda q, k, v, m, *, scale, softcap, key_layout: plain_attention(
                           q, k, v, m, scale=scale, softcap=softcap))
   plain = grads(remat=False)
   assert len(plain) == len(blocked) > 0
