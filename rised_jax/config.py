@@ -162,7 +162,7 @@ def default_config() -> ml_collections.ConfigDict:
       if k not in STEP_KEYS_IN_TRAIN})
   c.optim = ml_collections.ConfigDict(dataclasses.asdict(train_step.OptimizerConfig()))
   c.batching = ml_collections.ConfigDict(dict(prefix_multiple=64, response_multiple=128,
-                                              length_buckets=[]))
+                                              length_buckets=[], shared_prefix=False))
 
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
 
@@ -407,7 +407,16 @@ def validate(config: ml_collections.ConfigDict, stage_checks: Sequence[StageChec
   ModelLoadConfig.from_config(config.model).check()
   parallel.MeshShape.from_config(config.mesh).check(num_devices)
   batching.BatchingConfig.from_config(config.batching).check()
-  step_config(config)
+  step = step_config(config)
+  splits, what = step.micro_batches * step.mini_batches, "step.micro_batches × train.mini_batches"
+  if num_devices is not None:   # each data shard holds whole groups
+    data, fsdp, _ = parallel.MeshShape.from_config(config.mesh).resolve(num_devices)
+    splits, what = splits * data * fsdp, f"{what} × mesh data × fsdp"
+  if config.batching.shared_prefix and config.select.batch_groups % splits:
+    raise ValueError(
+        f"config.batching.shared_prefix=True splits a batch by group, but "
+        f"config.select.batch_groups={config.select.batch_groups} is not divisible by "
+        f"{what} = {splits}: set batch_groups to a multiple of it, or shared_prefix=False")
   optimizer_config(config)
   advantages.ADVANTAGES.lookup(config.advantage)
   for check in stage_checks:

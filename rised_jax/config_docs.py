@@ -169,6 +169,11 @@ DESCRIPTIONS: dict[str, str | tuple[str, str]] = {
     "batching.length_buckets": "total row widths (prefix + response columns): a batch is "
                                "widened to the smallest that holds it, by left-padding the "
                                "prefixes, so the step compiles once per bucket ([]: off)",
+    "batching.shared_prefix": ("a group's rows share their prefix: the step's student forward "
+                               "runs it once per group instead of once per row "
+                               "(model/shared_prefix.py); a batch with a group whose prefixes "
+                               "differ runs row by row. The step compiles per prefix width too, "
+                               "so length_buckets then widen the responses, not the prefixes"),
 
     # mesh
     "mesh.data": "data-parallel axis size",

@@ -341,17 +341,20 @@ def assemble(run: Run, rows: list[batching.Row]):
       rows, pad_id=run.tokenizer.pad_token_id,
       num_rows=run.settings.select.batch_groups * run.settings.rollout.group_size,
       with_distill=step_config.distills, with_counterfactual=step_config.flips.counterfactual,
-      **dataclasses.asdict(run.settings.batching))
+      group_size=run.settings.rollout.group_size, **dataclasses.asdict(run.settings.batching))
 
 
 def update(run: Run, batch, compiled_shapes: set | None = None) -> dict[str, float]:
   """One fused step, with its throughput (`flops.Throughput`, compile time excluded) and
   `time/compile/cache_hits`. With `compiled_shapes`, a batch shape not in it (the step
   compiles for it) is announced and the compile time JAX reports is printed."""
-  shape = tuple(np.shape(batch["input_ids"]))
+  # The step compiles per batch shape, and with shared-prefix groups per prefix width too.
+  shape = tuple(np.shape(batch["input_ids"])) + (
+      tuple(np.shape(batch["prefix_ids"])) if "prefix_ids" in batch else ())
   announce = compiled_shapes is not None and shape not in compiled_shapes
   if announce:
-    _say(f"compiling the train step for a batch of {shape[0]} × {shape[1]} tokens…")
+    shared = f" (prefixes of {shape[3]} columns shared by groups)" if len(shape) > 2 else ""
+    _say(f"compiling the train step for a batch of {shape[0]} × {shape[1]} tokens{shared}…")
   with _compile_events() as compiles:
     start = time.perf_counter()
     run.state, metrics = run.trainable.step(run.state, run.trainable.put_batch(batch))

@@ -32,6 +32,11 @@ Batch contract (what `rised_jax.learn.train_step` consumes), shapes [B, T] unles
                               loss_mask columns); all zero for rows without a teacher.
   cf_teacher_input_ids / cf_teacher_attention_mask / cf_mask   (optional, CriPO)
                               counterfactual-teacher rows and the columns it may flip.
+  prefix_ids / prefix_mask  int32 [B / G, P]  (optional) each group's shared prefix: the
+                              first P columns of its G consecutive rows, which must all be
+                              equal (`batching.group_prefixes`); the step then runs each
+                              prefix once (`model.shared_prefix`) and splits micro- and
+                              mini-batches by group.
   seq_len_norm         f32 [] constant length used by `seq-mean-token-sum-norm`.
 
 Every array is padded to bucketed shapes by `rised_jax.learn.batching` so the step compiles

@@ -62,6 +62,9 @@ def _tiny(arg: str = "rised", **edits):
      r"config\.batching\.response_multiple=0: expected an integer >= 1"),
     ({"batching.length_buckets": [512, 0]},
      r"config\.batching\.length_buckets=\[512, 0\]: expected a list of integers >= 1"),
+    ({"batching.shared_prefix": True, "step.micro_batches": 3},
+     r"config\.select\.batch_groups=2 is not divisible by step\.micro_batches × "
+     r"train\.mini_batches = 3"),
     ({"algorithm": "bogus"}, r"config\.algorithm='bogus': expected one of"),
     ({"teacher.enabled": True, "step.beta": 0.0},
      r"config\.teacher\.enabled=True but config\.step\.beta=0\.0"),

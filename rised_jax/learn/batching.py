@@ -13,12 +13,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rised_jax.checks import Rule, check_rules, from_section, int_at_least, positive_ints
+from rised_jax.checks import (Rule, check_rules, from_section, int_at_least, is_int,
+                             positive_ints)
 
 RULES: dict[str, Rule] = {
     "prefix_multiple": int_at_least(1),
     "response_multiple": int_at_least(1),
     "length_buckets": positive_ints(0),
+    "shared_prefix": ((lambda v: isinstance(v, bool)), "True or False"),
 }
 
 
@@ -29,6 +31,9 @@ class BatchingConfig:
   prefix_multiple: int
   response_multiple: int
   length_buckets: tuple[int, ...]
+  # A group's rows share their prefix: `assemble` adds it once per group (`prefix_ids`) and
+  # the step's student forward runs it once (`model.shared_prefix`).
+  shared_prefix: bool = False
 
   @classmethod
   def from_config(cls, section: Any) -> BatchingConfig:
@@ -72,13 +77,22 @@ def _left_pad(ids: Sequence[int], width: int, pad_id: int) -> tuple[np.ndarray, 
 def assemble(rows: Sequence[Row], *, pad_id: int, num_rows: int | None = None,
              prefix_multiple: int = 64, response_multiple: int = 64,
              length_buckets: Sequence[int] = (),
-             with_distill: bool = False, with_counterfactual: bool = False) -> dict[str, np.ndarray]:
+             with_distill: bool = False, with_counterfactual: bool = False,
+             shared_prefix: bool = False, group_size: int = 1) -> dict[str, np.ndarray]:
   """Dense arrays for the train step. Extra all-padding rows fill up to `num_rows`.
+
+  With `shared_prefix`, rows g·G … g·G + G − 1 (G = `group_size`) are group g; when every
+  group's rows (the padding rows' too) have one student prefix, the batch also holds each
+  group's prefix columns once, `prefix_ids` and `prefix_mask` [num_rows / G, P], and the
+  step runs each prefix once (`model.shared_prefix`). A batch with a group whose prefixes
+  differ (e.g. per-rollout hints trained with) is returned without them.
 
   The width is P + R (each rounded up to its multiple), widened to the smallest of
   `length_buckets` that holds it by left-padding the prefixes (positions follow the
   attention mask, so the rows' values do not change): the step then compiles once per
-  bucket. A batch wider than every bucket keeps its own width.
+  bucket. A batch wider than every bucket keeps its own width. With `shared_prefix` the
+  bucket right-pads the responses instead, so the step compiles once per bucket and prefix
+  width.
 
   Rows without a teacher keep their own prefix in the teacher columns and get a zero
   distill_mask, so every row has the same shape and compiles once.
@@ -103,8 +117,14 @@ def assemble(rows: Sequence[Row], *, pad_id: int, num_rows: int | None = None,
     prefixes += [len(r.cf_teacher_prefix_ids) for r in rows if r.cf_teacher_prefix_ids is not None]
   p = bucket(max(prefixes), prefix_multiple)
   r = bucket(max(len(row.response_ids) for row in rows), response_multiple)
-  p = min((width for width in length_buckets if width >= p + r), default=p + r) - r
-  t = p + r
+  t = min((width for width in length_buckets if width >= p + r), default=p + r)
+  # A bucket widens the prefixes (left padding), or with shared prefixes the responses (right
+  # padding): the shared prefix's width is part of the step's compiled shape
+  # (`group_prefixes`), so it then follows the prompts only, not the responses' lengths.
+  if shared_prefix:
+    r = t - p
+  else:
+    p = t - r
 
   def zeros(dtype):
     return np.zeros((num_rows, t), dtype)
@@ -155,4 +175,22 @@ def assemble(rows: Sequence[Row], *, pad_id: int, num_rows: int | None = None,
   for key in ("attention_mask", "teacher_attention_mask", "cf_teacher_attention_mask"):
     if key in out:
       out[key][len(rows):, p - 1] = 1
+  if shared_prefix:
+    out.update(group_prefixes(out["input_ids"], out["attention_mask"], p, group_size))
   return out
+
+
+def group_prefixes(input_ids: np.ndarray, attention_mask: np.ndarray, prefix_width: int,
+                   group_size: int) -> dict[str, np.ndarray]:
+  """{"prefix_ids", "prefix_mask"} [B / G, P]: the first `prefix_width` columns of each group
+  of `group_size` consecutive rows, when all its rows agree there ({} when a group's rows
+  differ)."""
+  rows = input_ids.shape[0]
+  if not is_int(group_size) or group_size < 1 or rows % group_size:
+    raise ValueError(f"group_size={group_size!r}: expected an integer >= 1 that divides the "
+                     f"batch's {rows} rows")
+  ids = input_ids[:, :prefix_width].reshape(rows // group_size, group_size, prefix_width)
+  mask = attention_mask[:, :prefix_width].reshape(ids.shape)
+  if not ((ids == ids[:, :1]).all() and (mask == mask[:, :1]).all()):
+    return {}
+  return {"prefix_ids": ids[:, 0].copy(), "prefix_mask": mask[:, 0].copy()}

@@ -47,41 +47,69 @@ def nonembedding_params(cfg: ModelConfig) -> int:
 
 
 def decoder_forward_flops(cfg: ModelConfig, rows: int, seq_len: int,
-                          logit_positions: int) -> dict[str, float]:
+                          logit_positions: int, score_pairs: int | None = None
+                          ) -> dict[str, float]:
   """Matmul FLOPs of one forward pass over `rows` × `seq_len` tokens.
 
   linear     2 · N_nonembed · rows · seq_len
-  attention  2 · 2 · rows · seq_len² · heads · head_dim per layer (QKᵀ and PV over the full
-             T × T score matrix, as the decoder computes it: no causal skipping)
+  attention  2 · 2 · rows · score_pairs · heads · head_dim per layer (QKᵀ and PV over the
+             query-key pairs of a row: by default the full T × T score matrix, no causal
+             skipping)
   unembed    2 · hidden · vocab · rows · logit_positions (logit_positions per row)
   The embedding lookup is a gather (no FLOPs); norms and softmaxes are not counted.
   """
   tokens = rows * seq_len
   return {
       "linear": 2.0 * nonembedding_params(cfg) * tokens,
-      "attention": 4.0 * cfg.num_layers * rows * seq_len**2 * cfg.num_heads * cfg.head_dim,
+      "attention": (4.0 * cfg.num_layers * rows
+                    * (seq_len**2 if score_pairs is None else score_pairs)
+                    * cfg.num_heads * cfg.head_dim),
       "unembed": 2.0 * cfg.hidden_size * cfg.vocab_size * rows * logit_positions,
   }
 
 
 def train_step_flops(cfg: ModelConfig, rows: int, seq_len: int,
                      teacher_forwards: float = 0.0,
-                     head_positions: int | None = None) -> dict[str, float]:
+                     head_positions: int | None = None,
+                     student_layout: tuple[int, int, int] | None = None,
+                     reference_forwards: float = 0.0) -> dict[str, float]:
   """Model FLOPs of one train step: forward + backward (3 × forward) of the student, plus
-  `teacher_forwards` stop-gradient forwards of the same shape (the fused step's teacher).
+  `teacher_forwards` stop-gradient forwards of the same shape (the fused step's teacher)
+  and `reference_forwards` of the student's (the reference KL's frozen policy).
 
   Logits are needed at the T − 1 predicting columns of every row, or, with `head_positions`,
   at that many columns in all (the step's head runs over the columns its loss reads only:
-  `learn.chunked`). Recomputation (the chunked loss rematerialises its logits in the backward
-  pass) is not model work and is not counted, as usual for MFU.
+  `learn.chunked`). `student_layout` (sequences, columns, query-key pairs per sequence): the
+  student's layers run over this layout instead of the rows (`student_layout_of`: a group's
+  shared prefix once); the head still reads the rows' columns. Recomputation (the chunked loss rematerialises its
+  logits in the backward pass) is not model work and is not counted, as usual for MFU.
   """
   forward = decoder_forward_flops(cfg, rows, seq_len, seq_len - 1)
   if head_positions is not None:
     forward["unembed"] = 2.0 * cfg.hidden_size * cfg.vocab_size * head_positions
-  factor = 3.0 + teacher_forwards
-  parts = {name: factor * value for name, value in forward.items()}
+  student = dict(forward)
+  if student_layout is not None:
+    sequences, columns, pairs = student_layout
+    student.update({name: value for name, value in
+                    decoder_forward_flops(cfg, sequences, columns, 0, pairs).items()
+                    if name != "unembed"})
+  parts = {name: (3.0 + reference_forwards) * student[name] + teacher_forwards * value
+           for name, value in forward.items()}
   parts["total"] = sum(parts.values())
   return parts
+
+
+def student_layout_of(batch: Mapping[str, Any]) -> tuple[int, int, int]:
+  """(sequences, columns, query-key pairs per sequence) the step's student layers run over:
+  the rows, B of T columns and T² pairs; or with shared-prefix groups (`prefix_ids` [n, P]),
+  n sequences of P + G·R columns (G = B / n, R = T − P) whose prefix sees itself (P² pairs)
+  and each response the prefix and itself (R · (P + R) pairs), as in its own row."""
+  rows, seq_len = np.shape(batch["input_ids"])
+  if "prefix_ids" not in batch:
+    return rows, seq_len, seq_len**2
+  groups, width = np.shape(batch["prefix_ids"])
+  size, response = rows // groups, seq_len - width
+  return groups, width + size * response, width**2 + size * response * seq_len
 
 
 def kv_bytes_per_token(cfg: ModelConfig, itemsize: int) -> int:
@@ -148,11 +176,14 @@ def batch_forwards(batch: Mapping[str, Any], ref_kl: bool, micro_batches: int = 
   """Stop-gradient forwards the step runs besides the student's forward + backward: one of the
   frozen reference policy when the reference KL is on, and one per teacher row set the batch
   carries (`teacher_input_ids`, `cf_teacher_input_ids`) times the share of its micro-batches
-  (rows m, m + M, … as the step splits them) with a token that reads that teacher: the step
-  skips the others' forward (`train_step.teacher_rows_hidden`)."""
+  (rows m, m + M, … as the step splits them; shared-prefix groups m, m + M, …) with a token
+  that reads that teacher: the step skips the others' forward
+  (`train_step.teacher_rows_hidden`)."""
+  units = np.shape(batch["prefix_ids" if "prefix_ids" in batch else "input_ids"])[0]
+
   def share(token_mask) -> float:
     mask = np.asarray(token_mask) > 0
-    per_micro = mask.reshape(mask.shape[0] // micro_batches, micro_batches, -1).any(axis=(0, 2))
+    per_micro = mask.reshape(units // micro_batches, micro_batches, -1).any(axis=(0, 2))
     return float(per_micro.mean())
 
   forwards = float(ref_kl)
@@ -220,21 +251,26 @@ class Throughput:
     throughput/model_tflops    model FLOPs of the step over its padded batch, in TFLOP:
                                `num_iterations` × `train_step_flops` with `batch_forwards`
                                extra forwards, plus the π_old forward (old_policy_pass)
+    throughput/layer_columns   columns the student's layers ran over (`student_layout_of`:
+                               rows × T, or fewer with shared-prefix groups)
     time/throughput/step_compute_s   `seconds`
     time/throughput/tokens_per_s, time/throughput/trained_tokens_per_s   the counts per second
     time/throughput/mfu        model FLOPs / seconds / peak_flops_per_s
     """
     rows, seq_len = np.shape(batch["input_ids"])
+    layout = student_layout_of(batch)
     one_pass = train_step_flops(self.model, rows, seq_len,
-                                teacher_forwards=batch_forwards(batch, self.ref_kl,
-                                                                self.micro_batches))["total"]
-    forward = sum(decoder_forward_flops(self.model, rows, seq_len, seq_len - 1).values())
-    flops = self.num_iterations * one_pass + (forward if self.old_policy_pass else 0.0)
+                                teacher_forwards=batch_forwards(batch, False, self.micro_batches),
+                                student_layout=layout, reference_forwards=float(self.ref_kl))
+    forward = train_step_flops(self.model, rows, seq_len, student_layout=layout)
+    flops = (self.num_iterations * one_pass["total"]
+             + (forward["total"] / 3.0 if self.old_policy_pass else 0.0))
     tokens = float(np.sum(batch["attention_mask"]))
     trained = float(np.sum(np.asarray(batch["loss_mask"]) > 0))
     seconds = max(seconds, 1e-9)
     return {"throughput/tokens": tokens, "throughput/trained_tokens": trained,
             "throughput/model_tflops": flops / 1e12,
+            "throughput/layer_columns": float(layout[0] * layout[1]),
             "time/throughput/step_compute_s": seconds,
             "time/throughput/tokens_per_s": tokens / seconds,
             "time/throughput/trained_tokens_per_s": trained / seconds,

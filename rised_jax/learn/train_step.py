@@ -8,7 +8,8 @@ A step whose loss or gradient norm is not finite leaves the state unchanged and 
 `skipped_large_update` = 1, with the proposed ratio as `update_ratio` (see the end of
 `make_step_fn`).
 
-For each micro-batch: student hidden states (with gradient), teacher hidden states over the
+For each micro-batch: student hidden states (with gradient; each group's shared prefix run
+once when the batch carries `prefix_ids`, `student_rows_hidden`), teacher hidden states over the
 teacher rows (stop-gradient; the live parameters by default, an EMA or the frozen initial
 parameters as options), then `chunked.token_stats_chunked` forms student and teacher logits one
 sequence chunk at a time and reduces them to per-token log-probs, entropies and divergences.
@@ -295,11 +296,21 @@ def teacher_rows_hidden(teacher_model, input_ids: Array, attention_mask: Array,
                   lambda _: jnp.zeros(out.shape, out.dtype), teacher_model)
 
 
+def student_rows_hidden(model, mb: Mapping[str, Array]) -> Array:
+  """The student rows' hidden states [B, T, D]; a batch with `prefix_ids` (its groups' shared
+  prefixes, `batching.assemble`) runs each group's prefix once
+  (`Decoder.shared_prefix_hidden_states`)."""
+  if "prefix_ids" in mb:
+    return model.shared_prefix_hidden_states(mb["prefix_ids"], mb["prefix_mask"],
+                                             mb["input_ids"], mb["attention_mask"])
+  return model.hidden_states(mb["input_ids"], mb["attention_mask"])
+
+
 def _distill_token_stats(model, teacher_model, config: StepConfig, mb: Mapping[str, Array], *,
                          with_teacher: bool = True):
   """Chunked student / injection-teacher token statistics of one micro-batch (the teacher's
   only when `config.distills` and `with_teacher`)."""
-  student_hidden = model.hidden_states(mb["input_ids"], mb["attention_mask"])
+  student_hidden = student_rows_hidden(model, mb)
   teacher_hidden = None
   if config.distills and with_teacher:
     teacher_hidden = teacher_rows_hidden(teacher_model, mb["teacher_input_ids"],
@@ -375,7 +386,7 @@ def old_policy_pass(params, rest, teacher_params, graphdef, config: StepConfig,
     return out
 
   micro = _split_micro({k: v for k, v in batch.items() if jnp.ndim(v)}, config.micro_batches)
-  return {k: _merge_micro(v) for k, v in jax.lax.map(one, micro).items()}
+  return {k: _merge_micro(v, _groups(batch)) for k, v in jax.lax.map(one, micro).items()}
 
 
 def kept_token_mask(params, rest, teacher_params, graphdef, config: StepConfig,
@@ -388,7 +399,7 @@ def _reference_logprobs(ref_params, graphdef, rest, config: StepConfig,
                         mb: Mapping[str, Array]) -> Array:
   """log π_ref(y_t) of the student rows' tokens, float32 [B, T] (target columns), no gradient."""
   ref_model = nnx.merge(graphdef, jax.lax.stop_gradient(ref_params), rest)
-  hidden = ref_model.hidden_states(mb["input_ids"], mb["attention_mask"])
+  hidden = student_rows_hidden(ref_model, mb)
   logprob, _ = chunked.teacher_token_stats_chunked(hidden, ref_model.logits, mb["input_ids"],
                                                    chunk=config.chunk,
                                                    positions=mb["loss_mask"])
@@ -442,21 +453,32 @@ def _micro_loss(params, rest, teacher_params, graphdef, config: StepConfig,
   return loss_terms.total_loss(parts), metrics
 
 
+def _groups(batch: Mapping[str, Array]) -> int:
+  """The units a batch splits into: its shared-prefix groups (`prefix_ids`), else its rows."""
+  return (batch["prefix_ids"] if "prefix_ids" in batch else batch["input_ids"]).shape[0]
+
+
 def _split_micro(batch: Mapping[str, Array], micro_batches: int) -> dict[str, Array]:
-  """[B, ...] → [M, B/M, ...] with micro-batch m = rows m, m + M, m + 2M, …
+  """[B, ...] → [M, B/M, ...] with micro-batch m = rows m, m + M, m + 2M, …; a batch with
+  shared-prefix groups splits by group (group m, m + M, … with all its rows and its prefix).
 
   Strided (not contiguous) so that each micro-batch keeps rows from every data shard.
   """
+  groups = _groups(batch)
+
   def one(x):
-    rows = x.shape[0]
-    x = x.reshape(rows // micro_batches, micro_batches, *x.shape[1:])
-    return jnp.swapaxes(x, 0, 1)
+    x = x.reshape(groups // micro_batches, micro_batches, x.shape[0] // groups, *x.shape[1:])
+    x = jnp.swapaxes(x, 0, 1)
+    return x.reshape(micro_batches, -1, *x.shape[3:])
   return {k: one(v) for k, v in batch.items()}
 
 
-def _merge_micro(x: Array) -> Array:
-  """The inverse of `_split_micro` for one array: [M, B/M, ...] → [B, ...]."""
-  return jnp.swapaxes(x, 0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+def _merge_micro(x: Array, groups: int) -> Array:
+  """The inverse of `_split_micro` for one array of a batch of `groups` units:
+  [M, B/M, ...] → [B, ...]."""
+  micro_batches = x.shape[0]
+  x = x.reshape(micro_batches, groups // micro_batches, -1, *x.shape[2:])
+  return jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[3:])
 
 
 def update_is_acceptable(params, new_params, max_ratio: float) -> tuple[Array, Array]:
@@ -475,6 +497,9 @@ def update_is_acceptable(params, new_params, max_ratio: float) -> tuple[Array, A
   norm = jnp.sqrt(sq_norm(params))
   return delta <= max_ratio * norm, delta / norm
 
+
+# Batch keys with one row per shared-prefix group (`batching.group_prefixes`), not per row.
+SHARED_PREFIX_KEYS = ("prefix_ids", "prefix_mask")
 
 # Step metrics that count tokens or rows of the batch (the others are means or fractions).
 COUNT_METRICS = ("loss_tokens", "sequences", "distill_tokens", "kept_tokens", "cf_tokens",
@@ -659,13 +684,29 @@ class Trainable:
     if missing:
       raise KeyError(f"batch lacks {missing} needed by this StepConfig; it has {sorted(batch)}")
     rows = {k: np.asarray(v).shape[0] for k, v in batch.items() if np.ndim(v)}
-    if len(set(rows.values())) != 1:
-      raise ValueError(f"batch arrays disagree on the number of rows: {rows}")
+    row_counts = {k: n for k, n in rows.items() if k not in SHARED_PREFIX_KEYS}
+    if len(set(row_counts.values())) != 1:
+      raise ValueError(f"batch arrays disagree on the number of rows: {row_counts}")
     data_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-    global_rows = next(iter(rows.values())) * jax.process_count()
-    if global_rows % (data_shards * self.config.micro_batches * self.config.mini_batches):
+    units, what = rows["input_ids"] * jax.process_count(), "rows"
+    if "prefix_ids" in batch:   # the step splits such a batch by group
+      groups, width = np.shape(batch["prefix_ids"])
+      if (rows["input_ids"] % groups or np.shape(batch.get("prefix_mask")) != (groups, width)
+          or width >= np.shape(batch["input_ids"])[1]):
+        raise ValueError(f"prefix_ids {np.shape(batch['prefix_ids'])} for input_ids "
+                         f"{np.shape(batch['input_ids'])}: expected whole groups of rows, a "
+                         "prefix narrower than the rows and a prefix_mask of its shape")
+      size = rows["input_ids"] // groups
+      for prefix_key, row_key in (("prefix_ids", "input_ids"), ("prefix_mask", "attention_mask")):
+        if not np.array_equal(np.repeat(np.asarray(batch[prefix_key]), size, axis=0),
+                              np.asarray(batch[row_key])[:, :width]):
+          raise ValueError(f"{prefix_key} is not the first {width} columns of {row_key} in "
+                           f"every group of {size} rows (a group's rows must share their "
+                           "prefix: batching.group_prefixes)")
+      units, what = groups * jax.process_count(), "shared-prefix groups"
+    if units % (data_shards * self.config.micro_batches * self.config.mini_batches):
       raise ValueError(
-          f"global batch of {global_rows} rows must be divisible by data×fsdp ({data_shards}) × "
+          f"global batch of {units} {what} must be divisible by data×fsdp ({data_shards}) × "
           f"micro_batches ({self.config.micro_batches}) × mini_batches "
           f"({self.config.mini_batches})")
     return parallel.global_batch(batch, self.mesh)
