@@ -74,7 +74,7 @@ from flax import nnx  # noqa: E402
 from benchmarks import common, vs_tunix  # noqa: E402
 from benchmarks.peers.plain_jax_step import PlainGRPOStep  # noqa: E402
 from rised_jax import config as config_lib, parallel, pipelines, trainer  # noqa: E402
-from rised_jax.learn import advantages as advantages_lib  # noqa: E402
+from rised_jax.learn import advantages as advantages_lib, batching  # noqa: E402
 from rised_jax.learn import flops, train_step as step_lib  # noqa: E402
 from rised_jax.model import ModelConfig, from_config, from_pretrained  # noqa: E402
 from rised_jax.pipelines import stages  # noqa: E402
@@ -109,7 +109,13 @@ def single_turn_limits(part: dict[str, Any], args: argparse.Namespace,
   weights = sum(x.size for x in jax.tree.leaves(
       nnx.state(from_config(cfg, 0), nnx.Param))) * 4   # float32
   decode = common.decode_read_bytes(cfg, weights, rows, args.prompt_len, args.completion_len, 4)
-  step = common.train_step_flops(cfg, rows, args.prompt_len + args.completion_len)["total"]
+  # The FLOPs each side's step ran: ours with shared prefixes runs a group's prompt once.
+  layout = None
+  if "decode_kernels_per_step" in part and args.shared_prefix:
+    p, c, g = args.prompt_len, args.completion_len, args.group_size
+    layout = (args.prompts, p + g * c, p * p + g * c * (p + c))
+  step = common.train_step_flops(cfg, rows, args.prompt_len + args.completion_len,
+                                 student_layout=layout)["total"]
   stages = part["stage_s"]
   update = stages["step"] if "step" in stages else stages["update"]
   dispatch = {}
@@ -203,7 +209,8 @@ def run_ours_common(args: argparse.Namespace) -> dict[str, Any]:
     rewards = timer("judge", lambda: np.array([even_fraction(r.output_ids) for r in results],
                                               np.float32).reshape(args.prompts, args.group_size))
     adv = timer("advantages", lambda: np.asarray(advantages_lib.grpo(rewards)).reshape(-1))
-    batch = timer("batch", lambda: common_batch(prompts, results, adv, args.group_size))
+    batch = timer("batch", lambda: common_batch(prompts, results, adv, args.group_size,
+                                                args.shared_prefix))
 
     def step():
       carry["state"], metrics = trainable.step(carry["state"], trainable.put_batch(batch))
@@ -212,7 +219,8 @@ def run_ours_common(args: argparse.Namespace) -> dict[str, Any]:
     # The plain step's timer is its own: it is not part of our iteration. The two go first
     # in turn, so neither always runs on the cache the rollout left.
     plain_timer, weights = StageTimer(), plain.params(trainable.model(carry["state"]))
-    plain_batch = {k: jax.numpy.asarray(v) for k, v in batch.items()}
+    plain_batch = {k: jax.numpy.asarray(v) for k, v in batch.items()
+                   if k not in step_lib.SHARED_PREFIX_KEYS}
     run_plain = lambda: plain_timer("plain", lambda: plain(weights, plain_batch))  # noqa: E731
     if index % 2:
       _, plain_loss, plain_norm = run_plain()
@@ -249,10 +257,11 @@ def plain_agreement(metrics: dict[str, Any], loss: float, grad_norm: float, inde
           "plain_grad_norm": grad_norm}
 
 
-def common_batch(prompts: np.ndarray, results, adv: np.ndarray, group_size: int
-                 ) -> dict[str, np.ndarray]:
+def common_batch(prompts: np.ndarray, results, adv: np.ndarray, group_size: int,
+                 shared_prefix: bool = False) -> dict[str, np.ndarray]:
   """The Batch-contract rows of the single-turn work: prompt + completion, π_old = the
-  sampler's log-probs, one advantage per row over its completion."""
+  sampler's log-probs, one advantage per row over its completion; with `shared_prefix` each
+  group's prompt once (`batching.group_prefixes`: the step runs it once per group)."""
   rows, p = len(results), prompts.shape[1]
   c = max(len(r.output_ids) for r in results)
   ids = np.zeros((rows, p + c), np.int32)
@@ -264,9 +273,13 @@ def common_batch(prompts: np.ndarray, results, adv: np.ndarray, group_size: int
     ids[i, p:p + n] = result.output_ids
     loss_mask[i, p:p + n] = 1.0
     old[i, p:p + n] = result.logprobs
-  return {"input_ids": ids, "attention_mask": (loss_mask > 0) | (np.arange(p + c) < p),
-          "loss_mask": loss_mask, "advantages": adv[:, None] * loss_mask,
-          "old_logprobs": old}
+  attention_mask = ((loss_mask > 0) | (np.arange(p + c) < p)).astype(np.int32)
+  batch = {"input_ids": ids, "attention_mask": attention_mask,
+           "loss_mask": loss_mask, "advantages": adv[:, None] * loss_mask,
+           "old_logprobs": old}
+  if shared_prefix:
+    batch.update(batching.group_prefixes(ids, attention_mask, p, group_size))
+  return batch
 
 
 # ----------------------------------------------------------------------------- ours, agentic
@@ -328,9 +341,10 @@ def run_ours_agentic(args: argparse.Namespace, tokenizer,
       used = used | (np.asarray(batch["distill_mask"]) > 0)
     rows, seq_len = np.shape(batch["input_ids"])
     head_tflops = flops.train_step_flops(
-        model.cfg, rows, seq_len, flops.batch_forwards(batch, trainable.config.needs_ref_params,
+        model.cfg, rows, seq_len, flops.batch_forwards(batch, False,
                                                        trainable.config.micro_batches),
-        head_positions=int(used[:, 1:].sum()))["total"] / 1e12
+        head_positions=int(used[:, 1:].sum()), student_layout=flops.student_layout_of(batch),
+        reference_forwards=float(trainable.config.needs_ref_params))["total"] / 1e12
     timer("sync", lambda: trainer.sync_weights(run, step + 1))
     pipeline.observe(record)
     if step >= args.warmup:
@@ -403,6 +417,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--venv", type=Path, default=vs_tunix.DEFAULT_VENV)
   parser.add_argument("--driver", type=Path, default=vs_tunix.DEFAULT_DRIVER)
   parser.add_argument("--skip-tunix", action="store_true")
+  parser.add_argument("--shared-prefix", action=argparse.BooleanOptionalAction, default=True,
+                      help="our common step runs each group's prompt once (the default, as "
+                           "the main job; --no-shared-prefix: row by row, as tunix)")
   args = parser.parse_args(argv)
   for key in ("prompts", "group_size", "prompt_len", "completion_len", "chunk", "iters",
               "rounds", "pool_groups", "batch_groups"):

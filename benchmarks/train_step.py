@@ -13,6 +13,10 @@ batch recipe, `grpo_batch`) and two step configs compiled by `rised_jax.learn.tr
   fused_idle  the fused config on the same batch without a distillation token (a RISED step
               whose trained groups have no positive-rubric teacher): the step skips the
               teacher's forward, so this should cost what grpo does
+  grpo_shared the grpo config on the same batch with each group of --group-size rows given
+              its first row's prompt, carried once (`batching.group_prefixes`): the step's
+              layers run a group's prompt once (model/shared_prefix.py); its model FLOPs are
+              those it ran
 
 Reported per case: compile time (apart), median step time over --iters calls after --warmup,
 tokens/s (all B·T columns, and response tokens), CPU seconds per step (all threads; steadier
@@ -21,8 +25,8 @@ student's forward + backward, plus one teacher forward for `fused`), XLA's FLOP 
 it, MFU = model FLOPs / step time / the float32 matmul rate measured just before the case
 (and the same per CPU-second: `mfu_cpu_time`), and the
 compiled memory (common.memory_report; `total_bytes` is the headline), plus the process's
-peak RSS so far. Per model: the fused / GRPO step-time ratio (target ≤ 1.35) and the
-fused_idle / GRPO one.
+peak RSS so far. Per model: the fused / GRPO step-time ratio (target ≤ 1.35), the
+fused_idle / GRPO one and the grpo_shared / GRPO one.
 """
 from __future__ import annotations
 
@@ -41,8 +45,8 @@ import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from rised_jax import parallel  # noqa: E402
-from rised_jax.learn import loss_terms, train_step as step_lib  # noqa: E402
-from rised_jax.learn.flops import batch_forwards  # noqa: E402
+from rised_jax.learn import batching, loss_terms, train_step as step_lib  # noqa: E402
+from rised_jax.learn.flops import batch_forwards, student_layout_of  # noqa: E402
 from rised_jax.model import ModelConfig, from_config  # noqa: E402
 
 PAD_ID = 0
@@ -135,7 +139,8 @@ def bench_step(cfg: ModelConfig, config: step_lib.StepConfig,
   tokens = rows * seq_len
   flops = common.train_step_flops(
       cfg, rows, seq_len,
-      teacher_forwards=batch_forwards(batch, ref_kl=False) if config.distills else 0.0)
+      teacher_forwards=batch_forwards(batch, ref_kl=False) if config.distills else 0.0,
+      student_layout=student_layout_of(batch))
   median = timing.median_s
   achieved = flops["total"] / median
   return {
@@ -175,7 +180,9 @@ def bench_model(preset: str, args: argparse.Namespace) -> dict[str, Any]:
   idle = dict(batch, distill_mask=np.zeros_like(batch["distill_mask"]))
   cases = {}
   for name, config, case_batch in (("grpo", grpo, batch), ("fused", fused, batch),
-                                   ("fused_idle", fused, idle)):
+                                   ("fused_idle", fused, idle),
+                                   ("grpo_shared", grpo, grouped(batch, args.group_size,
+                                                                 args.prompt_len))):
     print(f"[{preset}] {name}: compiling and timing ...", flush=True)
     # Measured next to each case: the load of a shared machine changes within a run.
     matmul = common.measure_matmul_rate(args.matmul_size, args.matmul_seconds)
@@ -194,7 +201,25 @@ def bench_model(preset: str, args: argparse.Namespace) -> dict[str, Any]:
                                   / cases["grpo"]["step"]["cpu_median_s"],
       "fused_idle_over_grpo_step_time": cases["fused_idle"]["step"]["median_s"]
                                         / cases["grpo"]["step"]["median_s"],
+      "grpo_shared_over_grpo_step_time": cases["grpo_shared"]["step"]["median_s"]
+                                         / cases["grpo"]["step"]["median_s"],
   }
+
+
+def grouped(batch: dict[str, np.ndarray], group_size: int, prompt_len: int
+            ) -> dict[str, np.ndarray]:
+  """The GRPO rows (no teacher rows) with each group of `group_size` rows given its first
+  row's prompt columns, and each group's prompt once (`prefix_ids`, `prefix_mask`)."""
+  out = {k: v.copy() for k, v in batch.items() if not k.startswith(("teacher_", "distill"))}
+  rows = out["input_ids"].shape[0]
+  if rows % group_size:
+    raise ValueError(f"--group-size {group_size} does not divide the batch's {rows} rows")
+  first = np.arange(rows) // group_size * group_size
+  for key in ("input_ids", "attention_mask"):
+    out[key][:, :prompt_len] = out[key][first, :prompt_len]
+  out.update(batching.group_prefixes(out["input_ids"], out["attention_mask"], prompt_len,
+                                     group_size))
+  return out
 
 
 def print_table(models: Sequence[dict[str, Any]]) -> None:
@@ -217,7 +242,8 @@ def print_table(models: Sequence[dict[str, Any]]) -> None:
     print(f"{model['model']:15s} fused/GRPO step time {model['fused_over_grpo_step_time']:.3f} "
           f"(CPU time {model['fused_over_grpo_cpu_time']:.3f}; target <= "
           f"{FUSED_OVER_GRPO_TARGET}); without distillation tokens "
-          f"{model['fused_idle_over_grpo_step_time']:.3f}")
+          f"{model['fused_idle_over_grpo_step_time']:.3f}; GRPO with shared prompts "
+          f"{model['grpo_shared_over_grpo_step_time']:.3f}")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -229,6 +255,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--prompt-len", type=int, default=64)
   parser.add_argument("--response-len", type=int, default=192)
   parser.add_argument("--chunk", type=int, default=256, help="StepConfig.chunk")
+  parser.add_argument("--group-size", type=int, default=4,
+                      help="rows per shared prompt in the grpo_shared case (G)")
   parser.add_argument("--beta", type=float, default=0.05, help="distillation weight (fused)")
   parser.add_argument("--lr", type=float, default=1e-6)
   parser.add_argument("--warmup", type=int, default=2)
@@ -243,7 +271,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   if not args.models or unknown:
     parser.error(f"--models: unknown or no presets {unknown}; expected some of "
                  f"{sorted(common.MODEL_PRESETS)}")
-  for key in ("prompt_len", "chunk", "iters", "matmul_size"):
+  for key in ("prompt_len", "chunk", "iters", "matmul_size", "group_size"):
     if getattr(args, key) < 1:
       parser.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
   if args.batch is not None and args.batch < 1:

@@ -55,17 +55,20 @@ def get_config(arg: str | None = None):
   # many (learn/chunked.py); a row trains on at most 3 replies of 16 tokens, so 64 columns
   # hold them in one chunk of the 512-column batch (at 256 the head ran 4x the columns).
   c.step.chunk = 64
-  # XLA:CPU keeps every layer's activations for the backward pass even under remat (12.3 GiB
-  # of scratch for 8 rows of 832 columns), so the B x G = 4 rows go through the step two at a
-  # time (3.8 GiB).
-  c.step.micro_batches = 2
+  # The group's 4 rows share their prompt (155-218 of each row's 512 or 640 columns): the
+  # step runs it once, as one sequence of prefix + 4 responses (model/shared_prefix.py).
+  c.batching.shared_prefix = True
+  # The shared prefix's width is part of the step's shape: every prompt (teacher prompts of
+  # up to 244 tokens included) fits one 256-column prefix, so each length bucket compiles once.
+  c.batching.prefix_multiple = 256
   # The six steps' batches are 4 x 320, 448 and 512 columns (prefix and response buckets):
   # each a compile of the scanned 30-layer step (about 80 s on a busy 2-core machine). Widened
   # to one 512-column bucket, every batch of at most 512 columns shares one compile; the extra
-  # columns are left padding that costs the layers some time, but not the vocabulary head,
-  # which runs over the trained tokens only (learn/chunked.py). A wider batch (a long teacher
-  # prefix: 4 x 640 in the 2026-12-07 runs) keeps its width and compiles a second shape
-  # (9-10 s); a 640-column bucket would cost every step a quarter more columns instead.
+  # columns are right padding of the responses (with shared prefixes), which costs the layers
+  # some time but not the vocabulary head, which runs over the trained tokens only
+  # (learn/chunked.py). A wider batch (a response of over 256 tokens: 4 x 640 in the
+  # 2026-12-07 runs) keeps its width and compiles a second shape (9-10 s); a 640-column
+  # bucket would cost every step a quarter more columns instead.
   c.batching.length_buckets = [512]
   c.optim.learning_rate = 1e-5
   c.train.steps = 6

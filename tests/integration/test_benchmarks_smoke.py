@@ -37,7 +37,8 @@ def train_step_run(tmp_path_factory):
   returned = train_step_bench.main([
       "--models", TINY, "--batch", str(ROWS), "--prompt-len", str(PROMPT),
       "--response-len", str(RESPONSE), "--chunk", "32", "--warmup", "1", "--iters", "2",
-      "--matmul-size", "128", "--matmul-seconds", "0", "--out", str(out)])
+      "--matmul-size", "128", "--matmul-seconds", "0", "--group-size", str(ROWS),
+      "--out", str(out)])
   return returned, json.loads(out.read_text())
 
 
@@ -55,7 +56,7 @@ def test_train_step_ratios_follow_from_reported_times(train_step_run):
   _, result = train_step_run
   model = result["models"][0]
   cases = model["cases"]
-  assert set(cases) == {"grpo", "fused", "fused_idle"}
+  assert set(cases) == {"grpo", "fused", "fused_idle", "grpo_shared"}
   for name, case in cases.items():
     matmul = case["matmul"]
     assert _close(matmul["flops_per_s"], 2 * 128**3 / matmul["median_s"])
@@ -79,6 +80,9 @@ def test_train_step_ratios_follow_from_reported_times(train_step_run):
                 cases["fused_idle"]["step"]["median_s"] / cases["grpo"]["step"]["median_s"])
   assert cases["grpo"]["step_config"]["beta"] == 0 and cases["fused"]["step_config"]["beta"] > 0
   assert cases["fused_idle"]["step_config"] == cases["fused"]["step_config"]
+  assert _close(model["grpo_shared_over_grpo_step_time"],
+                cases["grpo_shared"]["step"]["median_s"] / cases["grpo"]["step"]["median_s"])
+  assert cases["grpo_shared"]["step_config"] == cases["grpo"]["step_config"]
 
 
 def test_train_step_memory_parts_add_up(train_step_run):
@@ -113,6 +117,13 @@ def test_train_step_flops_hand_worked(train_step_run):
   assert cases["fused"]["model_flops"]["total"] == 4 * (linear + attention + unembed)
   # No distillation token: the step skips the teacher's forward.
   assert cases["fused_idle"]["model_flops"]["total"] == 3 * (linear + attention + unembed)
+  # Shared prompts: the layers ran one sequence of 8 + 2 × 16 = 40 columns, the prompt seeing
+  # itself (8² pairs) and each response the prompt and itself (16 · 24 pairs); the head reads
+  # the rows' columns as before.
+  shared_linear = 2 * 491_520 * 40                   # 39 321 600
+  shared_attention = 4 * 2 * (8**2 + 2 * 16 * 24) * 4 * 32   # 851 968
+  assert cases["grpo_shared"]["model_flops"]["total"] == 3 * (shared_linear + shared_attention
+                                                              + unembed)
   # XLA's count adds the rematerialised logits and elementwise work on top of ours.
   for case in cases.values():
     assert 0.95 <= case["xla_flops"] / case["model_flops"]["total"] <= 1.5
