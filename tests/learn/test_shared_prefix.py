@@ -15,7 +15,7 @@ from rised_jax import parallel
 from rised_jax.learn import batching, flops, train_step
 from rised_jax.model import shared_prefix
 from tests.helpers import step_fixtures
-from tests.learn.test_train_step import _reference_loss
+from tests.learn.test_train_step import _reference_loss, assert_fused_loss_equals_reference
 
 GROUP = 4
 
@@ -94,29 +94,10 @@ def test_a_length_bucket_widens_the_responses_of_shared_prefix_batches_by_hand()
 def test_step_loss_and_grads_equal_the_row_reference(layout):
   """The fused loss on the grouped batch, each prefix run once, against the full-logits
   reference on its rows (distillation rows included)."""
-  config = step_fixtures.step_config(chunk=5)
   scanned = layout == "scanned-remat"
-  model = step_fixtures.tiny_model(remat=scanned, scan_layers=scanned)
-  batch = {k: jnp.asarray(v) for k, v in grouped_batch(0).items()}
-  rows_only = {k: v for k, v in batch.items() if k not in train_step.SHARED_PREFIX_KEYS}
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  tokens = batch["loss_mask"].sum(-1)
-  denominators = {"pg": (tokens > 0).sum().astype(jnp.float32),
-                  "distill": batch["distill_mask"].sum()}
-
-  def fused(p):
-    return train_step._micro_loss(p, rest, None, graphdef, config, batch, denominators,
-                                  jnp.float32(config.teacher_kl.beta))[0]
-
-  def reference(p):
-    return _reference_loss(nnx.merge(graphdef, p, rest), rows_only, config,
-                           config.teacher_kl.beta)
-
-  loss, grads = jax.value_and_grad(fused)(params)
-  ref_loss, ref_grads = jax.value_and_grad(reference)(params)
-  np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-6)
-  for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
-    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
+  assert_fused_loss_equals_reference(step_fixtures.tiny_model(remat=scanned,
+                                                              scan_layers=scanned),
+                                     grouped_batch(0), step_fixtures.step_config(chunk=5))
 
 
 def test_micro_batched_step_by_group_equals_the_reference_update():

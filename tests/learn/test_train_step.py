@@ -78,10 +78,18 @@ def test_fused_loss_and_grads_equal_unchunked_reference(sparse):
   if sparse:
     batch = _few_trained_tokens(batch)
     assert 0 < batch["loss_mask"].sum() < 0.5 * step_fixtures.batch(0)["loss_mask"].sum()
+  grads = assert_fused_loss_equals_reference(model, batch, config)
+  assert float(jnp.abs(jnp.asarray(jax.tree.leaves(grads)[0])).max()) > 0
+
+
+def assert_fused_loss_equals_reference(model, batch, config: train_step.StepConfig):
+  """The fused loss of one micro-batch (`_micro_loss`) and its gradients against
+  `_reference_loss` on the batch's rows (without its shared-prefix keys); returns the
+  gradients."""
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
+  rows_only = {k: v for k, v in batch.items() if k not in train_step.SHARED_PREFIX_KEYS}
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  loss_mask = batch["loss_mask"]
-  tokens = loss_mask.sum(-1)
+  tokens = batch["loss_mask"].sum(-1)
   denominators = {"pg": (tokens > 0).sum().astype(jnp.float32),
                   "distill": batch["distill_mask"].sum()}
 
@@ -90,14 +98,15 @@ def test_fused_loss_and_grads_equal_unchunked_reference(sparse):
                                   jnp.float32(config.teacher_kl.beta))[0]
 
   def reference(p):
-    return _reference_loss(nnx.merge(graphdef, p, rest), batch, config, config.teacher_kl.beta)
+    return _reference_loss(nnx.merge(graphdef, p, rest), rows_only, config,
+                           config.teacher_kl.beta)
 
   loss, grads = jax.value_and_grad(fused)(params)
   ref_loss, ref_grads = jax.value_and_grad(reference)(params)
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-6)
   for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
     np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
-  assert float(jnp.abs(jnp.asarray(jax.tree.leaves(grads)[0])).max()) > 0
+  return grads
 
 
 @pytest.mark.parametrize("distills", [False, True], ids=["no-distill-tokens", "distill-tokens"])
