@@ -62,6 +62,21 @@ def batch(index: int, num_rows: int = ROWS) -> dict[str, np.ndarray]:
                            response_multiple=8, with_distill=True)
 
 
+def grouped_rows(index: int, group_size: int, num_rows: int = ROWS) -> list[batching.Row]:
+  """`rows` with each group of `group_size` consecutive rows given its first row's prefix."""
+  out = rows(index, num_rows)
+  for i, row in enumerate(out):
+    row.prefix_ids = out[i - i % group_size].prefix_ids
+  return out
+
+
+def grouped_batch(index: int, group_size: int, num_rows: int = ROWS) -> dict[str, np.ndarray]:
+  """The batch of `grouped_rows`, each group's prefix carried once (`prefix_ids`)."""
+  return batching.assemble(grouped_rows(index, group_size, num_rows), pad_id=0,
+                           prefix_multiple=4, response_multiple=8, with_distill=True,
+                           shared_prefix=True, group_size=group_size)
+
+
 def target_logprobs(model, batch) -> tuple[jax.Array, jax.Array]:
   """log p(y_t) of every target column from full (unchunked) logits, and the log-softmax
   [B, T − 1, V] it came from: the references' forward."""

@@ -28,6 +28,8 @@ def parse() -> argparse.Namespace:
   p.add_argument("--steps", type=int, default=3)
   p.add_argument("--first-step", type=int, default=0, help="batch index of the first step")
   p.add_argument("--micro-batches", type=int, default=1)
+  p.add_argument("--shared-prefix", type=int, default=0,
+                 help="rows per shared-prefix group (0: the row layout)")
   p.add_argument("--save-dir", default="")
   p.add_argument("--restore", action="store_true")
   p.add_argument("--out", required=True)
@@ -98,11 +100,15 @@ def main() -> None:
   if args.restore:
     state = ckpt.restore(None, state)
   rows = parallel.process_rows(mesh, step_fixtures.ROWS)
+  if args.shared_prefix:   # the prefix arrays have one row per group
+    groups = parallel.process_rows(mesh, step_fixtures.ROWS // args.shared_prefix)
   history = []
   for i in range(args.first_step, args.first_step + args.steps):
-    batch = step_fixtures.batch(i)
+    batch = (step_fixtures.grouped_batch(i, args.shared_prefix) if args.shared_prefix
+             else step_fixtures.batch(i))
     state, metrics = trainable.step(state, trainable.put_batch(
-        {k: v[rows] for k, v in batch.items()}))
+        {k: v[groups if k in train_step.SHARED_PREFIX_KEYS else rows]
+         for k, v in batch.items()}))
     history.append({k: float(v) for k, v in metrics.items()})
   if ckpt is not None and not args.restore:
     ckpt.save(int(state.step), state, force=True)

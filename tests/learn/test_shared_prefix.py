@@ -37,18 +37,12 @@ def test_pack_positions_segments_unpack_by_hand():
   np.testing.assert_array_equal(rows[..., 1], 10 * rows[..., 0])
 
 
-def grouped_rows(index: int, groups: int = 2) -> list[batching.Row]:
-  """step_fixtures' rows with each group of GROUP rows given its first row's prefix."""
-  rows = step_fixtures.rows(index, groups * GROUP)
-  for i, row in enumerate(rows):
-    row.prefix_ids = rows[i - i % GROUP].prefix_ids
-  return rows
+def grouped_rows(index: int) -> list[batching.Row]:
+  return step_fixtures.grouped_rows(index, GROUP, 2 * GROUP)
 
 
-def grouped_batch(index: int, groups: int = 2) -> dict[str, np.ndarray]:
-  return batching.assemble(grouped_rows(index, groups), pad_id=0, prefix_multiple=4,
-                           response_multiple=8, with_distill=True, shared_prefix=True,
-                           group_size=GROUP)
+def grouped_batch(index: int) -> dict[str, np.ndarray]:
+  return step_fixtures.grouped_batch(index, GROUP, 2 * GROUP)
 
 
 def test_assemble_adds_each_groups_prefix_once():

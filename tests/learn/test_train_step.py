@@ -289,6 +289,18 @@ def test_sharded_step_equals_single_device(tmp_path, single_device_run, mesh):
 
 
 
+def test_sharded_shared_prefix_step_equals_single_device(tmp_path):
+  """Groups of 2 rows sharing a prefix: on one device, sharded over 4 (one group a data
+  shard), and over 2 with two micro-batches of one group on each."""
+  group = ("--shared-prefix", "2", "--steps", "2")
+  single = _load(_harness(tmp_path, "single_shared", "--devices", "1", "--mesh", "1,1,1",
+                          *group))
+  _assert_same(single, _load(_harness(tmp_path, "sharded_shared", "--devices", "4", "--mesh",
+                                      "2,2,1", *group)))
+  _assert_same(single, _load(_harness(tmp_path, "micro_shared", "--devices", "2", "--mesh",
+                                      "1,2,1", "--micro-batches", "2", *group)))
+
+
 def test_multi_host_two_processes_equal_single_device(tmp_path, single_device_run):
   port = free_port()
   procs = []
