@@ -139,6 +139,13 @@ def typed(cls, section: Any, where: str):
 
 def from_section(cls, section: Any, **built: Any):
   """The frozen dataclass `cls` with each field the ConfigDict `section`'s key of that name
-  (`frozen`); `built`: fields given already built (a nested section's own typed config)."""
-  return cls(**{f.name: built[f.name] if f.name in built else frozen(section[f.name])
-                for f in dataclasses.fields(cls)})
+  (`frozen`); `built`: fields given already built (a nested section's own typed config). A
+  field with a default that the section lacks (a key added after a run saved its config)
+  keeps the default."""
+  def value(field: dataclasses.Field) -> Any:
+    if field.name in built:
+      return built[field.name]
+    if field.name not in section and field.default is not dataclasses.MISSING:
+      return field.default
+    return frozen(section[field.name])
+  return cls(**{f.name: value(f) for f in dataclasses.fields(cls)})

@@ -406,13 +406,14 @@ def validate(config: ml_collections.ConfigDict, stage_checks: Sequence[StageChec
   _check_values(config)
   ModelLoadConfig.from_config(config.model).check()
   parallel.MeshShape.from_config(config.mesh).check(num_devices)
-  batching.BatchingConfig.from_config(config.batching).check()
+  batching_config = batching.BatchingConfig.from_config(config.batching)
+  batching_config.check()
   step = step_config(config)
   splits, what = step.micro_batches * step.mini_batches, "step.micro_batches × train.mini_batches"
   if num_devices is not None:   # each data shard holds whole groups
     data, fsdp, _ = parallel.MeshShape.from_config(config.mesh).resolve(num_devices)
     splits, what = splits * data * fsdp, f"{what} × mesh data × fsdp"
-  if config.batching.shared_prefix and config.select.batch_groups % splits:
+  if batching_config.shared_prefix and config.select.batch_groups % splits:
     raise ValueError(
         f"config.batching.shared_prefix=True splits a batch by group, but "
         f"config.select.batch_groups={config.select.batch_groups} is not divisible by "

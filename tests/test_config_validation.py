@@ -83,6 +83,17 @@ def test_a_misspelt_key_is_named_with_the_likely_one():
     pipelines.validate(config)
 
 
+def test_a_saved_config_without_a_newer_key_keeps_its_default():
+  """A run's config.json written before `batching.shared_prefix` existed still validates and
+  reads as the behaviour it ran with (the row layout)."""
+  config = _tiny()
+  with config.unlocked():
+    del config.batching["shared_prefix"]
+  pipelines.validate(config)
+  from rised_jax.pipelines import stages  # noqa: PLC0415
+  assert stages.stage_configs(config).batching.shared_prefix is False
+
+
 def test_open_option_dicts_take_new_keys():
   pipelines.validate(_tiny(**{"judge.options": {"progress_min_fraction": 0.25}}))
 
