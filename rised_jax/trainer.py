@@ -234,7 +234,11 @@ def _prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> e
   that fails before any loading."""
   pipelines.validate(config, num_devices=jax.device_count())
   settings = stages.stage_configs(config)
-  use_compilation_cache(settings.train)
+  problem = compilation_cache_problem(settings, jax.default_backend(), jax.device_count())
+  if problem:
+    _say(f"the persistent compilation cache is off for this run: {problem}")
+  use_compilation_cache(dataclasses.replace(settings.train, compilation_cache="") if problem
+                        else settings.train)
   workdir = resolve_workdir(workdir)
   check_workdir(workdir)
   with config.unlocked():
@@ -257,6 +261,18 @@ def compilation_cache_dir(train: TrainConfig) -> str | None:
     setting = jax.config.jax_compilation_cache_dir or os.path.join(
         os.environ.get("RISED_JAX_CACHE", "~/.cache/rised_jax"), "jax")
   return os.path.abspath(os.path.expanduser(setting))
+
+
+def compilation_cache_problem(settings: stages.StageConfigs, backend: str,
+                              devices: int) -> str | None:
+  """Why this run must not use the persistent compilation cache, or None. On XLA:CPU (jax
+  0.10.2) an executable of the shared-prefix step for several devices, loaded from the cache,
+  deadlocks in a collective rendezvous (compiled afresh it runs; docs/performance.md)."""
+  if (settings.batching.shared_prefix and backend == "cpu" and devices > 1
+      and compilation_cache_dir(settings.train)):
+    return (f"batching.shared_prefix on {devices} CPU devices (a cached executable of that "
+            "step deadlocks in XLA:CPU's collectives)")
+  return None
 
 
 def use_compilation_cache(train: TrainConfig) -> None:

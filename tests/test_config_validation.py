@@ -230,3 +230,18 @@ def test_dry_run_refuses_them_with_the_key_on_its_last_line(tmp_path, args, mess
   assert last.startswith("ValueError: ") or last.startswith("rised_jax."), last
   assert message in last, last
   assert "dry run: the config is valid" not in proc.stdout
+
+
+def test_the_compilation_cache_is_off_for_shared_prefixes_on_several_cpu_devices():
+  """Hand cases of `trainer.compilation_cache_problem`: only shared prefixes on several CPU
+  devices with a cache configured turn it off (a cached executable of that step deadlocks)."""
+  from rised_jax.pipelines import stages  # noqa: PLC0415
+  shared = stages.stage_configs(_tiny(**{"batching.shared_prefix": True}))
+  rows = stages.stage_configs(_tiny())
+  uncached = stages.stage_configs(_tiny(**{"batching.shared_prefix": True,
+                                           "train.compilation_cache": ""}))
+  assert "shared_prefix on 4 CPU devices" in trainer.compilation_cache_problem(shared, "cpu", 4)
+  assert trainer.compilation_cache_problem(shared, "cpu", 1) is None
+  assert trainer.compilation_cache_problem(shared, "gpu", 4) is None
+  assert trainer.compilation_cache_problem(rows, "cpu", 4) is None
+  assert trainer.compilation_cache_problem(uncached, "cpu", 4) is None

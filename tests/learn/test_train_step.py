@@ -291,14 +291,20 @@ def test_sharded_step_equals_single_device(tmp_path, single_device_run, mesh):
 
 def test_sharded_shared_prefix_step_equals_single_device(tmp_path):
   """Groups of 2 rows sharing a prefix: on one device, sharded over 4 (one group a data
-  shard), and over 2 with two micro-batches of one group on each."""
+  shard), and over 2 with two micro-batches of one group on each.
+
+  Compiled afresh: the 4-device executable of this step, loaded from JAX's persistent
+  compilation cache, deadlocks in a collective rendezvous on XLA:CPU (jax 0.10.2; the row
+  layout's does not; docs/performance.md)."""
   group = ("--shared-prefix", "2", "--steps", "2")
+  fresh = {"JAX_ENABLE_COMPILATION_CACHE": "false"}
   single = _load(_harness(tmp_path, "single_shared", "--devices", "1", "--mesh", "1,1,1",
-                          *group))
+                          *group, env_extra=fresh))
   _assert_same(single, _load(_harness(tmp_path, "sharded_shared", "--devices", "4", "--mesh",
-                                      "2,2,1", *group)))
+                                      "2,2,1", *group, env_extra=fresh)))
   _assert_same(single, _load(_harness(tmp_path, "micro_shared", "--devices", "2", "--mesh",
-                                      "1,2,1", "--micro-batches", "2", *group)))
+                                      "1,2,1", "--micro-batches", "2", *group,
+                                      env_extra=fresh)))
 
 
 def test_multi_host_two_processes_equal_single_device(tmp_path, single_device_run):
