@@ -110,12 +110,12 @@ def single_turn_limits(part: dict[str, Any], args: argparse.Namespace,
       nnx.state(from_config(cfg, 0), nnx.Param))) * 4   # float32
   decode = common.decode_read_bytes(cfg, weights, rows, args.prompt_len, args.completion_len, 4)
   # The FLOPs each side's step ran: ours with shared prefixes runs a group's prompt once.
-  layout = None
+  columns = args.prompt_len + args.completion_len
+  shapes = {"input_ids": np.empty((rows, columns))}
   if "decode_kernels_per_step" in part and args.shared_prefix:
-    p, c, g = args.prompt_len, args.completion_len, args.group_size
-    layout = (args.prompts, p + g * c, p * p + g * c * (p + c))
-  step = common.train_step_flops(cfg, rows, args.prompt_len + args.completion_len,
-                                 student_layout=layout)["total"]
+    shapes["prefix_ids"] = np.empty((args.prompts, args.prompt_len))
+  step = common.train_step_flops(cfg, rows, columns,
+                                 student_layout=flops.student_layout_of(shapes))["total"]
   stages = part["stage_s"]
   update = stages["step"] if "step" in stages else stages["update"]
   dispatch = {}

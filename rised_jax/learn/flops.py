@@ -81,8 +81,9 @@ def train_step_flops(cfg: ModelConfig, rows: int, seq_len: int,
   at that many columns in all (the step's head runs over the columns its loss reads only:
   `learn.chunked`). `student_layout` (sequences, columns, query-key pairs per sequence): the
   student's layers run over this layout instead of the rows (`student_layout_of`: a group's
-  shared prefix once); the head still reads the rows' columns. Recomputation (the chunked loss rematerialises its
-  logits in the backward pass) is not model work and is not counted, as usual for MFU.
+  shared prefix once); the head still reads the rows' columns. Recomputation (the chunked
+  loss rematerialises its logits in the backward pass) is not model work and is not
+  counted, as usual for MFU.
   """
   forward = decoder_forward_flops(cfg, rows, seq_len, seq_len - 1)
   if head_positions is not None:
