@@ -18,8 +18,9 @@ prompt bucket and 16 new tokens, so a 400-slot KV cache. Temperature 1, no trunc
      head             the dot whose result is [rows, vocabulary]
      attention dots   the q·k and p·v einsums over the cache
      cache slices     a layer's keys or values copied out of the stacked [L, ...] cache
+                      (scanned layers; unrolled layers keep one array each)
      weight slices    a layer's parameters copied out of the stacked parameters (scanned)
-     cache writes     the new column written into the cache
+     cache writes     the new column written into the cache (the stack or a layer's array)
      rest             softmax, norms, RoPE, sampling, bookkeeping
 
 3. Per part, the bytes it must read at least once per step (the dense layers' weights, the
@@ -88,7 +89,7 @@ def op_parts(hlo_text: str, vocab_size: int, cache_shapes: Sequence[tuple[int, .
         parts[name] = "weight dots"
     elif source.endswith("dynamic_slice"):
       parts[name] = "cache slices" if dims in cache_shapes else "weight slices"
-    elif source.endswith("dynamic_update_slice") and len(dims) == 5:
+    elif source.endswith("dynamic_update_slice") and (len(dims) == 5 or dims in cache_shapes):
       parts[name] = "cache writes"
     else:
       parts[name] = "rest"
@@ -183,9 +184,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     raise RuntimeError("the profiler's trace holds no kernel of jit__decode_fn")
   hlo = decode_hlo()
   slots = args.prompt_len + args.new_tokens
-  cache_slice = (args.rows, cfg.num_kv_heads, cfg.head_dim, slots)
-  parts_of = op_parts(hlo, cfg.vocab_size,
-                      [cache_slice, (args.rows, cfg.num_kv_heads, slots, cfg.head_dim)])
+  # A layer's keys and values: a slice of the stack, or an unrolled layer's own arrays
+  # (without the KV-head axis when there is one, `decoder.LayerCache`).
+  heads = () if cfg.num_kv_heads == 1 and args.layers == "unrolled" else (cfg.num_kv_heads,)
+  parts_of = op_parts(hlo, cfg.vocab_size, [(args.rows, *heads, cfg.head_dim, slots),
+                                            (args.rows, *heads, slots, cfg.head_dim)])
   unknown = sorted(set(seconds) - set(parts_of))
   if unknown:
     raise RuntimeError(f"traced decode kernels not in the decode module's HLO: {unknown[:5]}")

@@ -70,27 +70,56 @@ class KVCache(NamedTuple):
   """Keys and values of every layer for `max_len` slots per row.
 
   A slot is one column of the padded token grid; rows are left-padded, so a row's padding
-  slots are simply marked invalid.
+  slots are simply marked invalid. Keys are slot-minor and values head-major, the layouts
+  the attention's two dots read. Scanned layers keep one stacked array each; unrolled layers
+  one array per layer (`Decoder.init_cache`), since XLA:CPU copies a layer's slice out of a
+  stack before its dot reads it, on every decode step.
   """
 
-  k: jax.Array          # [L, B, KVH, hd, S] keys, RoPE already applied
-  v: jax.Array          # [L, B, KVH, S, hd]
+  k: jax.Array | tuple[jax.Array, ...]   # [L, B, KVH, hd, S], or L × [B, KVH, hd, S]; RoPE applied
+  v: jax.Array | tuple[jax.Array, ...]   # [L, B, KVH, S, hd], or L × [B, KVH, S, hd]
   positions: jax.Array  # [B, S] int32, RoPE position of the token in each slot
   valid: jax.Array      # [B, S] bool, the slot holds a real (non-padding) token
 
 
 class LayerCache(NamedTuple):
-  """Layer `index`'s view of the stacked keys [L, B, KVH, hd, S] and values [L, B, KVH, S, hd].
+  """One layer's keys and values: layer `index` of the stacks ([L, B, KVH, hd, S] and
+  [L, B, KVH, S, hd]), or with `index` None the layer's own arrays, without the KVH axis
+  when there is one KV head ([B, hd, S] and [B, S, hd]).
 
-  The layer writes its new columns into the stack and attends over its own slice. Passing
-  the whole stack (rather than a slice in, a slice out and a re-stack) lets XLA update the
-  cache in place inside the decode loop, where copying it cost more than the rest of a
-  small model's decode step (docs/performance.md).
+  The layer writes its new columns in and attends over the result. Passing the whole stack
+  (rather than a slice in, a slice out and a re-stack) lets XLA update the cache in place
+  inside the decode loop, where copying it cost more than the rest of a small model's decode
+  step. A layer's own array of one KV head keeps no unit axis because XLA:CPU, writing into
+  it and reading it through the axis' removal, writes a second copy for the dot on every step
+  (docs/performance.md).
   """
 
   k: jax.Array
   v: jax.Array
-  index: jax.Array | int
+  index: jax.Array | int | None
+
+
+def _write_layer_cache(kv: LayerCache, new_k: jax.Array, new_v: jax.Array,
+                       cache_index: jax.Array) -> tuple[LayerCache, jax.Array, jax.Array]:
+  """Writes new keys [B, KVH, hd, T] and values [B, KVH, T, hd] at slots cache_index.. of
+  the layer's cache; returns the updated cache and the layer's keys [B, KVH, hd, S] and
+  values [B, KVH, S, hd] after the write."""
+  new_k, new_v = new_k.astype(kv.k.dtype), new_v.astype(kv.v.dtype)
+  if kv.index is not None:
+    kv = LayerCache(
+        jax.lax.dynamic_update_slice(kv.k, new_k[None], (kv.index, 0, 0, 0, cache_index)),
+        jax.lax.dynamic_update_slice(kv.v, new_v[None], (kv.index, 0, 0, cache_index, 0)),
+        kv.index)
+    return kv, *(jax.lax.dynamic_index_in_dim(a, kv.index, keepdims=False)
+                 for a in (kv.k, kv.v))
+  if kv.k.ndim == 3:   # one KV head, stored without its axis
+    kv = LayerCache(jax.lax.dynamic_update_slice(kv.k, new_k[:, 0], (0, 0, cache_index)),
+                    jax.lax.dynamic_update_slice(kv.v, new_v[:, 0], (0, cache_index, 0)), None)
+    return kv, kv.k[:, None], kv.v[:, None]
+  kv = LayerCache(jax.lax.dynamic_update_slice(kv.k, new_k, (0, 0, 0, cache_index)),
+                  jax.lax.dynamic_update_slice(kv.v, new_v, (0, 0, cache_index, 0)), None)
+  return kv, kv.k, kv.v
 
 
 # ---------------------------------------------------------------------------------------------
@@ -513,13 +542,9 @@ class Attention(nnx.Module):
       out = causal_block_attention(q, k, v, mask, scale=self.scale, softcap=self.softcap,
                                    key_layout=key_layout)
     else:
-      # The new columns in the cache's layout: keys [1, B, KVH, hd, T], values [1, B, KVH, T, hd].
-      new_k = jnp.transpose(k, (0, 2, 3, 1))[None].astype(kv.k.dtype)
-      new_v = jnp.transpose(v, (0, 2, 1, 3))[None].astype(kv.v.dtype)
-      kv = LayerCache(
-          jax.lax.dynamic_update_slice(kv.k, new_k, (kv.index, 0, 0, 0, cache_index)),
-          jax.lax.dynamic_update_slice(kv.v, new_v, (kv.index, 0, 0, cache_index, 0)), kv.index)
-      k, v = (jax.lax.dynamic_index_in_dim(a, kv.index, keepdims=False) for a in (kv.k, kv.v))
+      # The new columns in the cache's layouts: keys [B, KVH, hd, T], values [B, KVH, T, hd].
+      kv, k, v = _write_layer_cache(kv, jnp.transpose(k, (0, 2, 3, 1)),
+                                    jnp.transpose(v, (0, 2, 1, 3)), cache_index)
       out = attention(q, k.astype(self.dtype), v.astype(self.dtype), mask, scale=self.scale,
                       softcap=self.softcap)
     return _dense(out, self.o_proj, self.o_bias, self.dtype, in_dims=2), kv
@@ -726,11 +751,14 @@ class Decoder(nnx.Module):
       return layer(*args, key_layout=key_layout)
 
     layer_fn = nnx.remat(run_layer) if remat else run_layer
+    written = []
     for i, layer in enumerate(self.layers):
       x, layer_kv = layer_fn(layer, x, *tables[rope_of[i]], masks[window_of[i]],
-                             None if kv is None else LayerCache(*kv, i), cache_index)
-      kv = None if kv is None else (layer_kv.k, layer_kv.v)
-    return self.final_norm(x), kv
+                             None if kv is None else LayerCache(kv[0][i], kv[1][i], None),
+                             cache_index)
+      written.append(layer_kv)
+    return self.final_norm(x), None if kv is None else (
+        tuple(c.k for c in written), tuple(c.v for c in written))
 
   def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None
                     ) -> jax.Array:
@@ -784,10 +812,16 @@ class Decoder(nnx.Module):
   def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
     """An empty cache of `max_len` slots per row (keys/values in `dtype`, default compute)."""
     cfg = self.cfg
-    heads = (cfg.num_layers, batch, cfg.num_kv_heads)
     dtype = self.dtype if dtype is None else dtype
-    return KVCache(k=jnp.zeros((*heads, cfg.head_dim, max_len), dtype),
-                   v=jnp.zeros((*heads, max_len, cfg.head_dim), dtype),
+    if self.scan_layers:
+      heads = (cfg.num_layers, batch, cfg.num_kv_heads)
+      k = jnp.zeros((*heads, cfg.head_dim, max_len), dtype)
+      v = jnp.zeros((*heads, max_len, cfg.head_dim), dtype)
+    else:   # one array per layer (`LayerCache`)
+      heads = (batch,) if cfg.num_kv_heads == 1 else (batch, cfg.num_kv_heads)
+      k = tuple(jnp.zeros((*heads, cfg.head_dim, max_len), dtype) for _ in range(cfg.num_layers))
+      v = tuple(jnp.zeros((*heads, max_len, cfg.head_dim), dtype) for _ in range(cfg.num_layers))
+    return KVCache(k=k, v=v,
                    positions=jnp.zeros((batch, max_len), jnp.int32),
                    valid=jnp.zeros((batch, max_len), bool))
 

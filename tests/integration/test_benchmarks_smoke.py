@@ -656,9 +656,10 @@ def test_dot_precision_forms_against_numpy_by_hand():
 @pytest.mark.parametrize("layers", ["scanned", "unrolled"])
 def test_decode_profile_parts_count_the_model_s_kernels_and_bytes(layers, tmp_path):
   """Each part's launches per decode step are the model's own count (7 dense-layer dots and 2
-  attention einsums per layer, one head; each layer's K and V copied out of the stacked cache;
-  weight slices only when the layers are scanned), its bytes the hand-counted parameters and
-  cache, and the derived figures follow from the reported ones."""
+  attention einsums per layer, one head, each layer's K and V written; K and V copied out of
+  the stacked cache and weight slices only when the layers are scanned, since unrolled layers
+  keep their own cache arrays), its bytes the hand-counted parameters and cache, and the
+  derived figures follow from the reported ones."""
   out = tmp_path / "decode_profile.json"
   rows, prompt_len, new_tokens = 2, 8, 4
   model = "qwen3-4l-d256"   # the 2-layer preset's MLP is as wide as its vocabulary (refused)
@@ -676,7 +677,8 @@ def test_decode_profile_parts_count_the_model_s_kernels_and_bytes(layers, tmp_pa
   assert launches["weight dots"] == 7 * n_layers
   assert launches["attention dots"] == 2 * n_layers
   assert launches["head"] == 1
-  assert launches["cache slices"] == 2 * n_layers
+  assert launches["cache slices"] == (2 * n_layers if layers == "scanned" else 0)
+  assert launches["cache writes"] == 2 * n_layers
   assert (launches["weight slices"] > 0) == (layers == "scanned")
   # Bytes by hand: q, k, v, o, gate, up, down and the four norms (Qwen3's q and k norms).
   per_layer = d * heads * hd + 2 * d * kv_heads * hd + heads * hd * d + 3 * d * f + 2 * d + 2 * hd

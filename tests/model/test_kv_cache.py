@@ -75,15 +75,23 @@ def test_decode_steps_compile_once(setup):
   assert TRACES["step"] - before <= 1
 
 
+def _stacked(cache, cfg) -> tuple[np.ndarray, np.ndarray]:
+  """The cache's keys [L, B, KVH, hd, S] and values [L, B, KVH, S, hd], whichever layout."""
+  if not isinstance(cache.k, tuple):
+    return np.asarray(cache.k), np.asarray(cache.v)
+  k, v = np.stack(cache.k), np.stack(cache.v)
+  return (k[:, :, None], v[:, :, None]) if cfg.num_kv_heads == 1 else (k, v)
+
+
 def test_cache_contents_after_prefill(setup):
   _, model, ids, mask, _ = setup
   cfg = model.cfg
   _, cache = _run(model, ids, mask, (9,))
-  # Keys slot-minor and values head-major: the layouts the attention's two dots read.
-  heads = (cfg.num_layers, 3, cfg.num_kv_heads)
-  assert cache.k.shape == (*heads, cfg.head_dim, MAX_LEN)
-  assert cache.v.shape == (*heads, MAX_LEN, cfg.head_dim)
-  assert cache.k.dtype == jnp.float32 and cache.positions.dtype == jnp.int32
+  # Unrolled layers: one array per layer, without the KV-head axis when there is one head.
+  heads = (3,) if cfg.num_kv_heads == 1 else (3, cfg.num_kv_heads)
+  assert [a.shape for a in cache.k] == [(*heads, cfg.head_dim, MAX_LEN)] * cfg.num_layers
+  assert [a.shape for a in cache.v] == [(*heads, MAX_LEN, cfg.head_dim)] * cfg.num_layers
+  assert cache.k[0].dtype == jnp.float32 and cache.positions.dtype == jnp.int32
   valid = np.zeros((3, MAX_LEN), bool)
   positions = np.zeros((3, MAX_LEN), np.int32)
   for b, length in enumerate(PROMPT_LENGTHS):
@@ -91,12 +99,13 @@ def test_cache_contents_after_prefill(setup):
     positions[b, 9 - length:9] = np.arange(length)
   np.testing.assert_array_equal(np.asarray(cache.valid), valid)
   np.testing.assert_array_equal(np.asarray(cache.positions), positions)
+  keys, values = _stacked(cache, cfg)
   # Unwritten slots stay zero.
-  assert not np.asarray(cache.k[..., 9:]).any() and not np.asarray(cache.v[:, :, :, 9:]).any()
+  assert not keys[..., 9:].any() and not values[:, :, :, 9:].any()
   # Written slots hold the real tokens' keys and values.
   for b, length in enumerate(PROMPT_LENGTHS):
-    assert np.abs(np.asarray(cache.k[:, b, ..., 9 - length:9])).min(axis=-2).all()
-    assert np.abs(np.asarray(cache.v[:, b, :, 9 - length:9])).max(axis=-1).all()
+    assert np.abs(keys[:, b, ..., 9 - length:9]).min(axis=-2).all()
+    assert np.abs(values[:, b, :, 9 - length:9]).max(axis=-1).all()
 
 
 def test_rewinding_the_cache_index_discards_later_slots(setup):
@@ -122,7 +131,7 @@ def test_bfloat16_cache_stays_close():
   ids, mask = mu.padded_batch(mu.random_rows((6, 3), seed=10), "left")
   reference = np.asarray(FORWARD(model, ids, mask))
   cache = model.init_cache(2, 8)
-  assert cache.k.dtype == jnp.bfloat16
+  assert {a.dtype for a in cache.k + cache.v} == {jnp.dtype(jnp.bfloat16)}
   logits, cache = STEP(model, ids, mask, cache, jnp.int32(0))
   real = np.asarray(mask).astype(bool)
   np.testing.assert_allclose(np.asarray(logits)[real], reference[real], atol=0.05, rtol=0)
@@ -130,12 +139,14 @@ def test_bfloat16_cache_stays_close():
       lambda x: x.shape, model.init_cache(2, 8))
 
 
+@pytest.mark.parametrize("name", ["qwen3_untied", "llama_gqa_tied"], ids=["1_kv_head", "2"])
 @pytest.mark.parametrize("scan_layers", [False, True], ids=["unrolled", "scanned"])
-def test_decode_loop_updates_the_cache_in_place(scan_layers):
+def test_decode_loop_updates_the_cache_in_place(scan_layers, name):
   """Inside a decode loop no instruction copies as much as one layer's keys: each layer writes
-  its column into the stacked cache in place. (Slicing a layer out, writing into the copy and
-  re-stacking copied the whole cache two to three times per step.)"""
-  cfg = ModelConfig.from_hf(mu.TINY_CONFIGS["qwen3_untied"])
+  its column into its cache in place. (Slicing a layer out, writing into the copy and
+  re-stacking copied the whole cache two to three times per step; a layer's own array of
+  one KV head, kept with its unit axis, was copied three times per step.)"""
+  cfg = ModelConfig.from_hf(mu.TINY_CONFIGS[name])
   model = mu.random_decoder(cfg, seed=7, scan_layers=scan_layers)
   graphdef, state = nnx.split(model)
   rows, slots = 4, 64
