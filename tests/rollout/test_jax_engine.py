@@ -5,6 +5,7 @@ Decoder's full forward over the whole right-padded sequence, sampling distributi
 numpy softmax / truncation of the model's logits.
 """
 import os
+import re
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -314,6 +315,16 @@ def test_weight_swap_changes_outputs_without_recompiling(model, engine, greedy_r
 def test_weight_swap_refuses_another_architecture(engine):
   with pytest.raises(ValueError, match="structure"):
     engine.update_weights(make_model("llama_mha"), version=1)
+
+
+def test_weight_swap_refuses_other_dtypes_naming_the_parameter(model, engine):
+  graphdef, state = nnx.split(model)
+  leaves, treedef = jax.tree.flatten(state)
+  path = jax.tree_util.keystr(jax.tree_util.tree_leaves_with_path(state)[1][0])
+  leaves[1] = leaves[1].astype(jnp.bfloat16)
+  with pytest.raises(ValueError, match=re.escape(path) + r": .*'float32'\) -> .*'bfloat16'"):
+    engine.update_weights(nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves)), version=1)
+  assert engine.version == 0
 
 
 def test_more_requests_than_max_batch_keep_their_order(engine, greedy_refs):
