@@ -307,20 +307,30 @@ def test_sharded_shared_prefix_step_equals_single_device(tmp_path):
                                       env_extra=fresh)))
 
 
-def test_multi_host_two_processes_equal_single_device(tmp_path, single_device_run):
+def _two_processes(tmp_path: Path, *args: str, env_extra=None):
+  """The harness as two processes of 2 CPU devices each (mesh 1,2,2); process 0's output."""
   port = free_port()
-  procs = []
-  for pid in range(2):
-    procs.append(_harness(tmp_path, f"host{pid}", "--devices", "2", "--mesh", "1,2,2",
-                          "--steps", "3", "--num-processes", "2", "--process-id", str(pid),
-                          "--coordinator", f"127.0.0.1:{port}", background=True))
-  outputs = []
-  for proc, _ in procs:
-    stdout, _ = proc.communicate(timeout=600)
-    outputs.append(stdout)
+  procs = [_harness(tmp_path, f"host{pid}", "--devices", "2", "--mesh", "1,2,2", *args,
+                    "--num-processes", "2", "--process-id", str(pid),
+                    "--coordinator", f"127.0.0.1:{port}", env_extra=env_extra, background=True)
+           for pid in range(2)]
+  outputs = [proc.communicate(timeout=600)[0] for proc, _ in procs]
   for (proc, _), stdout in zip(procs, outputs):
     assert proc.returncode == 0, stdout
-  _assert_same(single_device_run, _load(procs[0][1]))
+  return _load(procs[0][1])
+
+
+def test_multi_host_two_processes_equal_single_device(tmp_path, single_device_run):
+  _assert_same(single_device_run, _two_processes(tmp_path, "--steps", "3"))
+
+
+def test_multi_host_shared_prefix_step_equals_single_device(tmp_path):
+  """Groups of 2 rows sharing a prefix, over two processes (compiled afresh, as above)."""
+  group = ("--shared-prefix", "2", "--steps", "2")
+  fresh = {"JAX_ENABLE_COMPILATION_CACHE": "false"}
+  single = _load(_harness(tmp_path, "single_shared", "--devices", "1", "--mesh", "1,1,1",
+                          *group, env_extra=fresh))
+  _assert_same(single, _two_processes(tmp_path, *group, env_extra=fresh))
 
 
 def test_checkpoint_resume_is_bit_exact_and_reshards(tmp_path):
