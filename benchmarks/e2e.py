@@ -19,7 +19,9 @@ fp32), each: --warmup iterations (they compile), then --iters timed ones, stage 
                --group-size completions each of exactly --completion-len tokens (no stop
                token), a reward = fraction of even token ids, GRPO advantages, one actor
                update (β = 0, ε = 0.2, AdamW 1e-4), weights shared with the sampler. Its
-               stage times are the driver's (generate, update_actor; steps after the first).
+               iteration is the loop's wall time from one step's prompts to the next's, as
+               ours is; its stages are the driver's generate and update_actor, and `other`
+               the rest of the loop (rewards, advantages, tokenising, bookkeeping).
   ours-common  the same work in this process: JaxEngine samples the same counts of random
                prompts / completions (temperature 0.9, no stop token), the same reward,
                `advantages.grpo`, every group trained (no selection), our GRPO step
@@ -383,14 +385,28 @@ def run_tunix(args: argparse.Namespace) -> dict[str, Any]:
     if done.returncode:
       raise RuntimeError(f"the tunix driver failed ({' '.join(command)}):\n{done.stderr[-4000:]}")
     record = json.loads(out.read_text())[0]
-  # Steady steps: the driver's per-step lists after the warm-up steps.
-  gen = record["generate_s"][args.warmup:] or record["generate_s"]
-  upd = record["update_actor_s"][args.warmup:] or record["update_actor_s"]
-  iterations = [{"rollout": g, "update": u} for g, u in zip(gen, upd)]
+  iterations = tunix_iterations(record, args.warmup)
   tokens = args.prompts * args.group_size * args.completion_len   # every completion token
   out = summarize(iterations, [tokens] * len(iterations))
   out.update(command=command, n_params=record["n_params"], total_s=record["total_s"])
   return out
+
+
+def tunix_iterations(record: dict[str, Any], warmup: int) -> list[dict[str, float]]:
+  """The driver's steady steps (after the warm-up) stage by stage: generate, update_actor and
+  the rest of the loop's wall time per step (`mark_intervals_s`: from the learner taking one
+  step's prompts to taking the next's), so that an iteration is the whole loop, as ours."""
+  keep = lambda xs: xs[warmup:] or xs  # noqa: E731
+  iterations = []
+  for g, u, loop in zip(keep(record["generate_s"]), keep(record["update_actor_s"]),
+                        keep(record["mark_intervals_s"])):
+    # The driver rounds stage times to 1 ms and intervals to 0.1 ms.
+    if loop < g + u - 2e-3:
+      raise RuntimeError(f"the tunix driver's step took {loop} s from prompts to prompts, less "
+                         f"than its generate ({g} s) and update ({u} s): its learner no longer "
+                         "takes one step's prompts at a time")
+    iterations.append({"rollout": g, "update": u, "other": max(loop - g - u, 0.0)})
+  return iterations
 
 
 # ----------------------------------------------------------------------------- main

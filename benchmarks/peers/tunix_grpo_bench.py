@@ -7,7 +7,9 @@ Two parts:
           tokens, timed over N steps after warmup.
   learner: the full tunix GRPOLearner/RLCluster loop (vanilla rollout =
           tunix's own jitted KV-cache Sampler, dummy reward fn), timed per
-          global step with rollout / actor-update split.
+          global step with rollout / actor-update split, and the loop's wall time
+          per step (`mark_intervals_s`: between the learner taking one step's
+          prompts from the dataset and taking the next's).
 
 It runs in `.venv-tunix` (google-tunix==0.1.7 with our jax/jaxlib; benchmarks/vs_tunix.py
 creates it at the repository root), never in rised_jax's environment: it imports only tunix
@@ -289,6 +291,7 @@ def bench_learner(args):
       generate_s=[round(x, 3) for x in gen],
       update_actor_s=[round(x, 3) for x in upd],
       ref_logps_s=[round(x, 3) for x in timings["ref_logps"]],
+      mark_intervals_s=[round(b - a, 4) for a, b in zip(step_marks, step_marks[1:])],
       train_steps=cluster.actor_trainer.train_steps,
   )
   if steady_step:

@@ -332,9 +332,25 @@ def test_e2e_json_rates_and_shares_follow_from_its_times(e2e_run):
     assert written["ratio_per_round_median"] == pytest.approx(
         {"median": np.mean(per_round), "low": min(per_round), "high": max(per_round),
          "coverage": 0.5})
+  if "tunix" in written:
+    assert set(written["tunix"]["stage_s"]) == {"rollout", "update", "other"}
   assert set(written["ours_agentic"]["stage_s"]) == {
       "rollout", "judge", "advantages", "select", "teacher", "batch", "step", "sync"}
   assert written["ours_agentic"]["trained_tokens_per_iteration"] > 0
+
+
+def test_tunix_iterations_are_the_loop_s_wall_time():
+  from benchmarks import e2e  # noqa: PLC0415
+  record = {"generate_s": [2.5, 0.1, 0.09], "update_actor_s": [4.0, 0.15, 0.16],
+            "mark_intervals_s": [6.6, 0.2561, 0.2555]}
+  iterations = e2e.tunix_iterations(record, warmup=1)
+  assert [sorted(it) for it in iterations] == [["other", "rollout", "update"]] * 2
+  assert [it["rollout"] for it in iterations] == [0.1, 0.09]
+  assert [it["update"] for it in iterations] == [0.15, 0.16]
+  assert np.allclose([it["other"] for it in iterations], [0.0061, 0.0055])
+  record["mark_intervals_s"][2] = 0.2   # shorter than its own generate + update
+  with pytest.raises(RuntimeError, match="one step's prompts at a time"):
+    e2e.tunix_iterations(record, warmup=1)
 
 
 def test_e2e_limit_fractions_follow_from_the_probe(e2e_run):
