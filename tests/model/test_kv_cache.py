@@ -76,9 +76,7 @@ def test_decode_steps_compile_once(setup):
 
 
 def _stacked(cache, cfg) -> tuple[np.ndarray, np.ndarray]:
-  """The cache's keys [L, B, KVH, hd, S] and values [L, B, KVH, S, hd], whichever layout."""
-  if not isinstance(cache.k, tuple):
-    return np.asarray(cache.k), np.asarray(cache.v)
+  """An unrolled decoder's per-layer cache as keys [L, B, KVH, hd, S], values [L, B, KVH, S, hd]."""
   k, v = np.stack(cache.k), np.stack(cache.v)
   return (k[:, :, None], v[:, :, None]) if cfg.num_kv_heads == 1 else (k, v)
 
